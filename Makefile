@@ -1,0 +1,40 @@
+# One entry point for people and CI. `make test` is the README's test command and what .ci/run calls.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup test test-unit test-spark lint typecheck bench demo clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,bench]'
+	touch $(STAMP)
+
+## Every tier: unit, spark (real local Spark + delta-spark), then lint and types.
+test: setup
+	$(PY) -m pytest tests
+	$(MAKE) lint typecheck
+
+test-unit: setup
+	$(PY) -m pytest tests -m unit
+
+test-spark: setup
+	$(PY) -m pytest tests -m spark
+
+lint: setup
+	$(VENV)/bin/ruff check airflow_delta_occ tests benchmarks dags_examples
+
+typecheck: setup
+	$(VENV)/bin/mypy --strict airflow_delta_occ/engine
+
+bench: setup
+	$(PY) benchmarks/snapshot_load.py
+
+demo: setup
+	$(PY) -m airflow_delta_occ.demo
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,122 @@
+"""Typed errors of the commit engine.
+
+Every failure the engine can report has its own class so callers (operators, sensors, the conflict
+pool) can react to the kind of problem without parsing messages, and every message names the file,
+line, version or column involved so a person can act on it without a debugger.
+
+    DeltaOccError
+    ├── TableNotFoundError          no ``_delta_log`` (or no commit) at the path
+    ├── LogError                    the log exists but cannot be read correctly
+    │   ├── LogCorruptError         bad JSON line, missing checkpoint part, gap in versions, ...
+    │   ├── VersionNotFoundError    requested version does not exist or was cleaned up
+    │   └── UnsupportedProtocolError  a reader version or feature this engine cannot honour
+    ├── PredicateError              a filter the engine cannot accept
+    │   ├── PredicateSyntaxError    the SQL text does not parse
+    │   ├── UnknownColumnError      a column the table does not have
+    │   └── InvalidLiteralError     a literal that does not fit the column's type
+    └── StorageError                the filesystem refused an operation
+"""
+
+from __future__ import annotations
+
+
+class DeltaOccError(Exception):
+    """Base class of every error raised by ``airflow_delta_occ.engine``."""
+
+
+class TableNotFoundError(DeltaOccError):
+    """The path holds no Delta table: no ``_delta_log`` directory or no commit in it."""
+
+    def __init__(self, table_uri: str, detail: str = "") -> None:
+        self.table_uri = table_uri
+        msg = f"no Delta table at {table_uri!r}"
+        super().__init__(f"{msg}: {detail}" if detail else msg)
+
+
+class LogError(DeltaOccError):
+    """The transaction log exists but cannot be reconstructed correctly."""
+
+
+class LogCorruptError(LogError):
+    """A log file is malformed or a file the log needs is missing.
+
+    ``path`` names the offending file and ``line`` (1-based) the line of a JSON commit, when known.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, line: int | None = None) -> None:
+        self.path = path
+        self.line = line
+        where = ""
+        if path is not None:
+            where = f" [{path}" + (f", line {line}" if line is not None else "") + "]"
+        super().__init__(message + where)
+
+
+class VersionNotFoundError(LogError):
+    """The requested version is newer than the table or older than the retained log."""
+
+    def __init__(self, version: int, *, earliest: int | None, latest: int | None, reason: str) -> None:
+        self.version = version
+        self.earliest = earliest
+        self.latest = latest
+        super().__init__(
+            f"version {version} cannot be read: {reason} "
+            f"(reconstructable versions: {earliest}..{latest})"
+        )
+
+
+class UnsupportedProtocolError(LogError):
+    """The table needs a reader version or reader feature the engine does not implement.
+
+    The engine refuses instead of guessing: a wrong file set would make conflict decisions wrong.
+    """
+
+    def __init__(self, message: str, *, features: frozenset[str] = frozenset()) -> None:
+        self.features = features
+        super().__init__(message)
+
+
+class PredicateError(DeltaOccError):
+    """A predicate cannot be parsed or does not fit the table."""
+
+
+class PredicateSyntaxError(PredicateError):
+    """The predicate text is not in the supported SQL subset."""
+
+    def __init__(self, message: str, *, text: str, position: int) -> None:
+        self.text = text
+        self.position = position
+        pointer = " " * position + "^"
+        super().__init__(f"{message} at position {position}:\n  {text}\n  {pointer}")
+
+
+class UnknownColumnError(PredicateError):
+    """The predicate names a column the table's schema does not have."""
+
+    def __init__(self, column: str, available: list[str]) -> None:
+        self.column = column
+        self.available = available
+        super().__init__(f"unknown column {column!r}; the table has: {', '.join(available)}")
+
+
+class InvalidLiteralError(PredicateError):
+    """A literal cannot be converted to the type of the column it is compared with."""
+
+    def __init__(self, value: object, type_name: str, column: str | None = None) -> None:
+        self.value = value
+        self.type_name = type_name
+        self.column = column
+        target = f"column {column!r} of type {type_name}" if column else f"type {type_name}"
+        super().__init__(f"value {value!r} is not a valid literal for {target}")
+
+
+class StorageError(DeltaOccError):
+    """The storage layer failed (permission, network, ...)."""
+
+
+class FileAlreadyExistsError(StorageError):
+    """A put-if-absent write found the file already present: another writer won that version."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(f"file already exists: {path}")

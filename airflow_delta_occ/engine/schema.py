@@ -1,0 +1,201 @@
+"""Delta table schemas: the JSON ``schemaString`` of a ``metaData`` action as typed Python objects.
+
+The engine needs types for two jobs: turning the strings a log stores for partition values and file
+statistics into comparable values, and checking that a user's predicate names real columns with
+literals of the right type. Column mapping (``name``/``id`` mode) stores partition values and stats
+under *physical* names, so each field keeps its physical name next to its logical one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import LogCorruptError
+
+PRIMITIVE_TYPES = frozenset(
+    {
+        "string",
+        "long",
+        "integer",
+        "short",
+        "byte",
+        "float",
+        "double",
+        "boolean",
+        "binary",
+        "date",
+        "timestamp",
+        "timestamp_ntz",
+        "variant",
+    }
+)
+INTEGRAL_TYPES = frozenset({"long", "integer", "short", "byte"})
+
+COLUMN_MAPPING_PHYSICAL_NAME = "delta.columnMapping.physicalName"
+
+
+@dataclass(frozen=True)
+class PrimitiveType:
+    """A scalar Delta type such as ``long`` or ``date``."""
+
+    name: str
+
+    def simple_string(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class DecimalType:
+    """``decimal(precision, scale)``."""
+
+    precision: int
+    scale: int
+
+    @property
+    def name(self) -> str:
+        return "decimal"
+
+    def simple_string(self) -> str:
+        return f"decimal({self.precision},{self.scale})"
+
+
+@dataclass(frozen=True)
+class ArrayType:
+    element_type: DataType
+    contains_null: bool
+
+    @property
+    def name(self) -> str:
+        return "array"
+
+    def simple_string(self) -> str:
+        return f"array<{self.element_type.simple_string()}>"
+
+
+@dataclass(frozen=True)
+class MapType:
+    key_type: DataType
+    value_type: DataType
+    value_contains_null: bool
+
+    @property
+    def name(self) -> str:
+        return "map"
+
+    def simple_string(self) -> str:
+        return f"map<{self.key_type.simple_string()},{self.value_type.simple_string()}>"
+
+
+@dataclass(frozen=True)
+class StructField:
+    """One column. ``physical_name`` is where partition values and stats live under column mapping."""
+
+    name: str
+    type: DataType
+    nullable: bool = True
+    metadata: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def physical_name(self) -> str:
+        value = self.metadata.get(COLUMN_MAPPING_PHYSICAL_NAME)
+        return value if isinstance(value, str) else self.name
+
+
+@dataclass(frozen=True)
+class StructType:
+    fields: tuple[StructField, ...]
+
+    @property
+    def name(self) -> str:
+        return "struct"
+
+    def simple_string(self) -> str:
+        inner = ",".join(f"{f.name}:{f.type.simple_string()}" for f in self.fields)
+        return f"struct<{inner}>"
+
+    def __iter__(self) -> Iterator[StructField]:
+        return iter(self.fields)
+
+    def __len__(self) -> int:
+        return len(self.fields)
+
+    @property
+    def field_names(self) -> list[str]:
+        return [f.name for f in self.fields]
+
+    def find(self, name: str) -> StructField | None:
+        """Resolve a top-level column the way Spark does by default: case-insensitively."""
+        for f in self.fields:
+            if f.name == name:
+                return f
+        lowered = name.lower()
+        for f in self.fields:
+            if f.name.lower() == lowered:
+                return f
+        return None
+
+
+DataType = PrimitiveType | DecimalType | ArrayType | MapType | StructType
+
+
+def parse_schema(schema_string: str) -> StructType:
+    """Parse a ``metaData.schemaString``; a malformed schema is a corrupt log, not a user error."""
+    try:
+        raw = json.loads(schema_string)
+    except (TypeError, ValueError) as exc:
+        raise LogCorruptError(f"schemaString is not valid JSON: {exc}") from exc
+    parsed = _parse_type(raw)
+    if not isinstance(parsed, StructType):
+        raise LogCorruptError(f"schemaString must describe a struct, got {parsed.simple_string()}")
+    return parsed
+
+
+def _parse_type(raw: Any) -> DataType:
+    if isinstance(raw, str):
+        if raw in PRIMITIVE_TYPES:
+            return PrimitiveType(raw)
+        if raw.startswith("decimal"):
+            return _parse_decimal(raw)
+        raise LogCorruptError(f"unknown data type {raw!r} in schema")
+    if not isinstance(raw, dict):
+        raise LogCorruptError(f"malformed type in schema: {raw!r}")
+    kind = raw.get("type")
+    if kind == "struct":
+        fields = raw.get("fields")
+        if not isinstance(fields, list):
+            raise LogCorruptError("struct type without a fields list in schema")
+        return StructType(tuple(_parse_field(f) for f in fields))
+    if kind == "array":
+        return ArrayType(_parse_type(raw.get("elementType")), bool(raw.get("containsNull", True)))
+    if kind == "map":
+        return MapType(
+            _parse_type(raw.get("keyType")),
+            _parse_type(raw.get("valueType")),
+            bool(raw.get("valueContainsNull", True)),
+        )
+    raise LogCorruptError(f"unknown complex type {kind!r} in schema")
+
+
+def _parse_field(raw: Any) -> StructField:
+    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+        raise LogCorruptError(f"malformed struct field in schema: {raw!r}")
+    metadata = raw.get("metadata") or {}
+    if not isinstance(metadata, dict):
+        raise LogCorruptError(f"field {raw['name']!r} has non-object metadata")
+    return StructField(raw["name"], _parse_type(raw.get("type")), bool(raw.get("nullable", True)), metadata)
+
+
+def _parse_decimal(text: str) -> DecimalType:
+    if text == "decimal":
+        return DecimalType(10, 0)
+    inner = text[len("decimal") :].strip()
+    try:
+        if not (inner.startswith("(") and inner.endswith(")")):
+            raise ValueError(text)
+        precision, scale = (int(part) for part in inner[1:-1].split(","))
+    except ValueError as exc:
+        raise LogCorruptError(f"malformed decimal type {text!r} in schema") from exc
+    return DecimalType(precision, scale)

@@ -1,0 +1,485 @@
+"""Snapshots of a Delta table and the log they come from.
+
+``DeltaLog`` is the entry point: it knows where the table is and how to read its files.
+``DeltaLog.snapshot(version)`` rebuilds the table at a version from the newest checkpoint plus the
+JSON commits after it; ``Snapshot.update()`` moves a snapshot forward by reading only the new
+commits; ``DeltaLog.commits_after(v)`` returns the actions that landed after ``v`` (what conflict
+checks and sensors consume). Nothing here starts Spark, so the scheduler, triggerer and sensors can
+all use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .actions import (
+    AddCDCFile,
+    AddFile,
+    CommitInfo,
+    DomainMetadata,
+    Metadata,
+    Protocol,
+    RemoveFile,
+    SetTransaction,
+    parse_json_actions,
+)
+from .actions import Action as Action
+from .checkpoint import read_checkpoint
+from .errors import LogCorruptError, UnsupportedProtocolError, VersionNotFoundError
+from .file_state import FileKey, FileState
+from .log_segment import LOG_DIR, LogListing, build_segment, commit_file_name, list_log
+from .predicates import (
+    Expr,
+    bind,
+    file_may_match,
+    has_unknown,
+    parse_predicate,
+    references,
+)
+from .schema import StructType
+from .stats import parse_file_stats
+from .storage import FileMeta, Storage, resolve_table
+from .values import parse_partition_value
+
+#: Reader features whose data layout this engine understands well enough to list files correctly.
+SUPPORTED_READER_FEATURES = frozenset(
+    {
+        "columnMapping",
+        "deletionVectors",
+        "timestampNtz",
+        "v2Checkpoint",
+        "vacuumProtocolCheck",
+        "typeWidening",
+        "typeWidening-preview",
+        "variantType",
+        "variantType-preview",
+        "variantShredding-preview",
+    }
+)
+MAX_READER_VERSION = 3
+
+
+@dataclass(frozen=True)
+class Commit:
+    """The actions of one JSON commit, in file order."""
+
+    version: int
+    actions: tuple[Action, ...]
+    file_modification_time: int
+
+    @property
+    def commit_info(self) -> CommitInfo | None:
+        return next((a for a in self.actions if isinstance(a, CommitInfo)), None)
+
+    @property
+    def timestamp(self) -> int:
+        """In-commit timestamp when the writer recorded one, else the file's modification time."""
+        info = self.commit_info
+        ict = info.in_commit_timestamp if info is not None else None
+        return ict if ict is not None else self.file_modification_time
+
+    def actions_of(self, kind: type[Any]) -> list[Any]:
+        return [a for a in self.actions if isinstance(a, kind)]
+
+
+class DeltaLog:
+    """A table's transaction log, at a path or URI (``/data/t``, ``file:///data/t``, ``s3://b/t``)."""
+
+    def __init__(self, table_uri: str, storage: Storage | None = None) -> None:
+        self.table_uri = table_uri
+        if storage is None:
+            self.storage, self.table_root = resolve_table(table_uri)
+        else:
+            self.storage, self.table_root = storage, table_uri.rstrip("/")
+
+    @classmethod
+    def for_table(cls, table_uri: str, storage: Storage | None = None) -> DeltaLog:
+        return cls(table_uri, storage)
+
+    @property
+    def log_path(self) -> str:
+        return self.storage.join(self.table_root, LOG_DIR)
+
+    def list(self) -> LogListing:
+        return list_log(self.storage, self.table_root)
+
+    def latest_version(self) -> int:
+        latest = self.list().latest_version
+        assert latest is not None
+        return latest
+
+    def snapshot(self, version: int | None = None) -> Snapshot:
+        """The table at ``version`` (time travel) or at the newest version.
+
+        Raises:
+            TableNotFoundError: no ``_delta_log`` or no commit at the path.
+            VersionNotFoundError: the version does not exist or can no longer be rebuilt.
+            LogCorruptError: a needed log file is malformed or missing.
+            UnsupportedProtocolError: the table needs a reader feature this engine lacks.
+        """
+        return self._load(self.list(), version)
+
+    def _load(self, listing: LogListing, version: int | None) -> Snapshot:
+        segment = build_segment(listing, version)
+        state = _ReplayState()
+        if segment.checkpoint is not None:
+            content = read_checkpoint(self.storage, self.table_root, segment.checkpoint)
+            state.apply_actions(content.actions)
+            state.files = FileState.from_checkpoint(content.adds, content.inline_adds)
+        last_commit: Commit | None = None
+        for version_, meta in segment.commits:
+            last_commit = self._read_commit(version_, meta)
+            state.apply_commit(last_commit)
+        return state.finish(self, segment.version, last_commit, listing)
+
+    def _read_commit(self, version: int, meta: FileMeta) -> Commit:
+        try:
+            data = self.storage.read_bytes(meta.path)
+        except FileNotFoundError as exc:
+            raise LogCorruptError("commit file vanished while reading", path=meta.path) from exc
+        return Commit(version, tuple(parse_json_actions(data, meta.path)), meta.modification_time)
+
+    def commits_after(self, version: int, *, until: int | None = None) -> list[Commit]:
+        """Every commit with a version greater than ``version`` (up to ``until``), oldest first.
+
+        Raises:
+            VersionNotFoundError: a commit in the range was removed by log cleanup.
+        """
+        listing = self.list()
+        latest = listing.latest_version
+        assert latest is not None
+        end = latest if until is None else min(until, latest)
+        commits = []
+        for v in range(version + 1, end + 1):
+            meta = listing.commits.get(v)
+            if meta is None:
+                raise VersionNotFoundError(
+                    v, earliest=min(listing.commits, default=None), latest=latest,
+                    reason=f"commit file {commit_file_name(v)} is not in the log",
+                )
+            commits.append(self._read_commit(v, meta))
+        return commits
+
+    def history(self, limit: int | None = None) -> list[Commit]:
+        """Commits still in the log, newest first (``commit_info`` has operation, readVersion, ...)."""
+        listing = self.list()
+        versions = sorted(listing.commits, reverse=True)
+        if limit is not None:
+            versions = versions[:limit]
+        return [self._read_commit(v, listing.commits[v]) for v in versions]
+
+
+class _ReplayState:
+    """Accumulates actions in log order; the newest protocol, metadata, txn and domain win."""
+
+    def __init__(self) -> None:
+        self.protocol: Protocol | None = None
+        self.metadata: Metadata | None = None
+        self.app_transactions: dict[str, SetTransaction] = {}
+        self.domains: dict[str, DomainMetadata] = {}
+        self.files = FileState()
+        self.pending: dict[FileKey, AddFile | None] = {}
+
+    def apply_actions(self, actions: Iterable[Action]) -> None:
+        for action in actions:
+            if isinstance(action, AddFile | RemoveFile):
+                # A later action for the same logical file replaces an earlier one.
+                self.pending.pop(action.key, None)
+                self.pending[action.key] = action if isinstance(action, AddFile) else None
+            elif isinstance(action, Metadata):
+                self.metadata = action
+            elif isinstance(action, Protocol):
+                self.protocol = action
+            elif isinstance(action, SetTransaction):
+                self.app_transactions[action.app_id] = action
+            elif isinstance(action, DomainMetadata):
+                if action.removed:
+                    self.domains.pop(action.domain, None)
+                else:
+                    self.domains[action.domain] = action
+            elif isinstance(action, AddCDCFile | CommitInfo):
+                pass
+
+    def apply_commit(self, commit: Commit) -> None:
+        self.apply_actions(commit.actions)
+
+    def finish(self, log: DeltaLog, version: int, last_commit: Commit | None, listing: LogListing) -> Snapshot:
+        if self.protocol is None:
+            raise LogCorruptError(f"no protocol action found up to version {version}", path=log.log_path)
+        if self.metadata is None:
+            raise LogCorruptError(f"no metaData action found up to version {version}", path=log.log_path)
+        check_reader_support(self.protocol)
+        files = self.files.apply(self.pending)
+        commit_meta = listing.commits.get(version)
+        return Snapshot(
+            log=log,
+            version=version,
+            protocol=self.protocol,
+            metadata=self.metadata,
+            files=files,
+            app_transactions=dict(self.app_transactions),
+            domains=dict(self.domains),
+            last_commit=last_commit if last_commit is not None and last_commit.version == version else None,
+            commit_file=commit_meta,
+        )
+
+
+def check_reader_support(protocol: Protocol) -> None:
+    """Refuse tables whose layout the engine could misread.
+
+    Raises:
+        UnsupportedProtocolError: reader version above 3, or an unknown reader feature.
+    """
+    if protocol.min_reader_version > MAX_READER_VERSION:
+        raise UnsupportedProtocolError(
+            f"table requires reader version {protocol.min_reader_version}; "
+            f"this engine reads up to version {MAX_READER_VERSION}"
+        )
+    if protocol.min_reader_version == MAX_READER_VERSION:
+        unknown = (protocol.reader_features or frozenset()) - SUPPORTED_READER_FEATURES
+        if unknown:
+            raise UnsupportedProtocolError(
+                f"table requires reader feature(s) {sorted(unknown)} that this engine does not "
+                f"support (supported: {sorted(SUPPORTED_READER_FEATURES)})",
+                features=frozenset(unknown),
+            )
+
+
+class Snapshot:
+    """An immutable view of the table at one version."""
+
+    def __init__(
+        self,
+        *,
+        log: DeltaLog,
+        version: int,
+        protocol: Protocol,
+        metadata: Metadata,
+        files: FileState,
+        app_transactions: Mapping[str, SetTransaction],
+        domains: Mapping[str, DomainMetadata],
+        last_commit: Commit | None,
+        commit_file: FileMeta | None,
+    ) -> None:
+        self.log = log
+        self.version = version
+        self.protocol = protocol
+        self.metadata = metadata
+        self._files = files
+        self.app_transactions = app_transactions
+        self.domain_metadata = domains
+        self._last_commit = last_commit
+        self._commit_file = commit_file
+
+    def __repr__(self) -> str:
+        return f"Snapshot(table={self.log.table_uri!r}, version={self.version}, files={self.num_files})"
+
+    # -- table description ------------------------------------------------------------------
+    @property
+    def schema(self) -> StructType:
+        return self.metadata.schema
+
+    @property
+    def partition_columns(self) -> tuple[str, ...]:
+        return self.metadata.partition_columns
+
+    @property
+    def table_properties(self) -> Mapping[str, str]:
+        return self.metadata.configuration
+
+    @property
+    def isolation_level(self) -> str:
+        return self.metadata.isolation_level
+
+    @property
+    def deletion_vectors_enabled(self) -> bool:
+        return self.metadata.deletion_vectors_enabled
+
+    @property
+    def row_tracking_enabled(self) -> bool:
+        return self.metadata.row_tracking_enabled
+
+    @property
+    def reader_features(self) -> frozenset[str]:
+        return self.protocol.reader_features or frozenset()
+
+    @property
+    def writer_features(self) -> frozenset[str]:
+        return self.protocol.writer_features or frozenset()
+
+    @cached_property
+    def commit_info(self) -> CommitInfo | None:
+        """The ``commitInfo`` of this version's own commit (``None`` if the commit was cleaned up)."""
+        commit = self._own_commit
+        return commit.commit_info if commit is not None else None
+
+    @cached_property
+    def timestamp(self) -> int:
+        """Commit time in epoch ms: the in-commit timestamp when present, else the file time."""
+        commit = self._own_commit
+        if commit is not None:
+            return commit.timestamp
+        return self._commit_file.modification_time if self._commit_file is not None else 0
+
+    @cached_property
+    def _own_commit(self) -> Commit | None:
+        if self._last_commit is not None:
+            return self._last_commit
+        if self._commit_file is None:
+            return None
+        return self.log._read_commit(self.version, self._commit_file)
+
+    def app_transaction_version(self, app_id: str) -> int | None:
+        txn = self.app_transactions.get(app_id)
+        return txn.version if txn is not None else None
+
+    # -- files --------------------------------------------------------------------------------
+    @property
+    def num_files(self) -> int:
+        return self._files.num_files
+
+    def file_paths(self) -> list[str]:
+        """Paths (as written in the log, URL-encoded, relative to the table) of all live files."""
+        return self._files.paths()
+
+    def files(self) -> list[AddFile]:
+        return list(self._files.files())
+
+    @cached_property
+    def _partition_fields(self) -> list[tuple[str, str, Any]]:
+        """(logical name, physical name, type) of each partition column."""
+        fields = []
+        for name in self.partition_columns:
+            f = self.schema.find(name)
+            if f is None:
+                raise LogCorruptError(f"partition column {name!r} is not in the table schema")
+            fields.append((f.name, f.physical_name, f.type))
+        return fields
+
+    def partition_values(self, add: AddFile) -> dict[str, Any]:
+        """Typed partition values of a file, by logical column name."""
+        return self._typed_partition(tuple(add.partition_values.get(p) for _, p, _ in self._partition_fields),
+                                     add.path)
+
+    def _typed_partition(self, raw: Sequence[str | None], path: str) -> dict[str, Any]:
+        typed = {}
+        for (name, _, data_type), value in zip(self._partition_fields, raw, strict=True):
+            try:
+                typed[name] = parse_partition_value(value, data_type)
+            except (ValueError, ArithmeticError) as exc:
+                raise LogCorruptError(
+                    f"partition value {value!r} of column {name!r} is not a valid {data_type.simple_string()}",
+                    path=path,
+                ) from exc
+        return typed
+
+    def bind(self, predicate: str | Expr, *, target_alias: str | None = None) -> Expr:
+        """Parse (if text) and resolve a predicate against this table's schema."""
+        expr = parse_predicate(predicate) if isinstance(predicate, str) else predicate
+        return bind(expr, self.schema, target_alias=target_alias)
+
+    def files_matching(self, predicate: str | Expr, *, target_alias: str | None = None) -> list[AddFile]:
+        """The files a job filtering on ``predicate`` reads: exact on partitions, safe on stats.
+
+        A predicate with any expression outside the supported subset (functions, arithmetic,
+        non-deterministic calls, other tables' columns) selects the whole table: a smaller answer
+        could hide a conflict.
+        """
+        expr = self.bind(predicate, target_alias=target_alias)
+        if has_unknown(expr):
+            return self.files()
+        partition_names = {name for name, _, _ in self._partition_fields}
+        needs_stats = bool(references(expr) - partition_names)
+        selected: list[AddFile] = []
+        for add, partition in self._files_with_partitions(expr):
+            if not needs_stats or file_may_match(
+                expr, partition, parse_file_stats(add.stats, self.schema)
+            ):
+                selected.append(add)
+        return selected
+
+    def _files_with_partitions(self, expr: Expr) -> Iterable[tuple[AddFile, dict[str, Any]]]:
+        """Files whose partition values may satisfy ``expr``, each with its typed partition values.
+
+        Checkpoint rows are judged per distinct partition (a few hundred at most in practice),
+        not per file, and only the survivors become ``AddFile`` objects.
+        """
+        state = self._files
+        if state.base is not None:
+            live = state.live_base_indices()
+            physical = [p for _, p, _ in self._partition_fields]
+            if physical and len(live):
+                columns = state.base_partition_columns(physical)
+                codes, uniques = _distinct_rows(columns, live)
+                verdicts = np.zeros(len(uniques), dtype=bool)
+                typed_by_code: list[dict[str, Any]] = []
+                for i, raw in enumerate(uniques):
+                    typed = self._typed_partition(raw, path="checkpoint")
+                    typed_by_code.append(typed)
+                    verdicts[i] = file_may_match(expr, typed, None)
+                keep = live[verdicts[codes]]
+                keep_codes = codes[verdicts[codes]]
+                for add, code in zip(state.base_files(keep), keep_codes, strict=True):
+                    yield add, typed_by_code[code]
+            else:
+                for add in state.base_files(live):
+                    yield add, {}
+        for add in state.extra.values():
+            partition = self.partition_values(add)
+            if file_may_match(expr, partition, None):
+                yield add, partition
+
+    # -- moving forward ------------------------------------------------------------------------
+    def update(self) -> Snapshot:
+        """This table at its newest version, reading only the commits after ``self.version``.
+
+        Falls back to a full load when those commits are no longer all in the log.
+        """
+        listing = self.log.list()
+        latest = listing.latest_version
+        assert latest is not None
+        if latest == self.version:
+            return self
+        new_versions = range(self.version + 1, latest + 1)
+        if any(v not in listing.commits for v in new_versions):
+            return self.log._load(listing, None)
+        state = _ReplayState()
+        state.protocol, state.metadata = self.protocol, self.metadata
+        state.app_transactions = dict(self.app_transactions)
+        state.domains = dict(self.domain_metadata)
+        state.files = self._files
+        last: Commit | None = None
+        for v in new_versions:
+            last = self.log._read_commit(v, listing.commits[v])
+            state.apply_commit(last)
+        return state.finish(self.log, latest, last, listing)
+
+
+def _distinct_rows(columns: list[pa.Array], rows: np.ndarray) -> tuple[np.ndarray, list[tuple[str | None, ...]]]:
+    """Group ``rows`` by the tuple of values in ``columns``: per row a group code, per group its values."""
+    combined = np.zeros(len(rows), dtype=np.int64)
+    dictionaries = []
+    for column in columns:
+        encoded = column.dictionary_encode()
+        indices = encoded.indices.to_numpy(zero_copy_only=False)
+        # Nulls have no dictionary index: give them their own slot after the dictionary.
+        dictionary = encoded.dictionary.to_pylist()
+        null_slot = len(dictionary)
+        indices = np.where(encoded.indices.is_null().to_numpy(zero_copy_only=False), null_slot, indices)
+        dictionaries.append([*dictionary, None])
+        combined = combined * (null_slot + 1) + indices[rows].astype(np.int64)
+    uniques, codes = np.unique(combined, return_inverse=True)
+    decoded: list[tuple[str | None, ...]] = []
+    for value in uniques.tolist():
+        parts: list[str | None] = []
+        for dictionary in reversed(dictionaries):
+            value, index = divmod(value, len(dictionary))
+            parts.append(dictionary[index])
+        decoded.append(tuple(reversed(parts)))
+    return codes, decoded

@@ -1,0 +1,98 @@
+"""A local SparkSession with delta-spark, jars resolved from Maven Central and cached per user.
+
+The delta-spark wheel ships no jars: the JVM side is ``io.delta:delta-spark_<spark major.minor>_2.13``
+at the wheel's version. Spark's ``spark.jars.packages`` resolves it (and its dependencies) with
+Ivy; pointing ``spark.jars.ivy`` at a persistent per-user folder makes every run after the first
+start without network access.
+
+``python -m airflow_delta_occ.spark.session --resolve-jars`` fills the cache ahead of time (CI does
+this before the timed tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from collections.abc import Mapping
+from importlib.metadata import version
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+IVY_DIR_ENV = "DELTA_OCC_IVY_DIR"
+DEFAULT_IVY_DIR = os.path.join(os.path.expanduser("~"), ".cache", "airflow-delta-occ", "ivy")
+
+DELTA_SESSION_CONF: Mapping[str, str] = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+
+
+def ivy_dir() -> str:
+    return os.environ.get(IVY_DIR_ENV, DEFAULT_IVY_DIR)
+
+
+def delta_maven_coordinates() -> str:
+    """The delta-spark artifact matching the installed pyspark and delta-spark wheels."""
+    import pyspark
+
+    spark_major_minor = ".".join(pyspark.__version__.split(".")[:2])
+    return f"io.delta:delta-spark_{spark_major_minor}_2.13:{version('delta-spark')}"
+
+
+def local_delta_session(
+    app_name: str = "airflow-delta-occ",
+    *,
+    master: str = "local[2]",
+    conf: Mapping[str, str] | None = None,
+) -> SparkSession:
+    """Start (or reuse) a local SparkSession with Delta enabled and small, test-friendly settings.
+
+    Timestamps are handled in UTC so partition values written by Spark read back the same in the
+    engine. ``delta.exceptions.captured`` is imported when present so conflicts arrive as
+    ``delta.exceptions`` classes instead of raw ``Py4JJavaError``.
+    """
+    from pyspark.sql import SparkSession
+
+    warehouse = os.path.join(tempfile.gettempdir(), "airflow-delta-occ-warehouse")
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.jars.packages", delta_maven_coordinates())
+        .config("spark.jars.ivy", ivy_dir())
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.warehouse.dir", warehouse)
+        .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={warehouse}")
+        .config("spark.databricks.delta.snapshotPartitions", "2")
+    )
+    for key, value in {**DELTA_SESSION_CONF, **(conf or {})}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    try:
+        import delta.exceptions.captured  # noqa: F401  (installs the py4j conversion on 4.0-4.3)
+    except ImportError:
+        pass
+    return spark
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Local Spark + Delta session utilities")
+    parser.add_argument("--resolve-jars", action="store_true", help="download Delta jars into the cache")
+    args = parser.parse_args()
+    if args.resolve_jars:
+        start = time.perf_counter()
+        spark = local_delta_session("resolve-jars")
+        spark.range(1).count()
+        spark.stop()
+        print(f"{delta_maven_coordinates()} ready in {ivy_dir()} ({time.perf_counter() - start:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -30,7 +30,7 @@ from .expressions import (
     Or,
     Unknown,
 )
-from .schema import DecimalType, PrimitiveType
+from .schema import PrimitiveType
 from .values import coerce_literal
 
 NON_DETERMINISTIC_FUNCTIONS = frozenset(
@@ -453,8 +453,6 @@ def render_literal(value: Any, data_type: Any = None) -> str:
             return f"CAST('{word}' AS DOUBLE)"
         return repr(value) + "D"
     if isinstance(value, Decimal):
-        if isinstance(data_type, DecimalType):
-            return f"CAST('{value}' AS DECIMAL({data_type.precision},{data_type.scale}))"
         return f"{value}BD"
     if isinstance(value, dt.datetime):
         if value.tzinfo is None:

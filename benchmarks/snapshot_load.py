@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from deltalake import DeltaTable
 import deltalake
+from deltalake import DeltaTable
 
 from airflow_delta_occ.engine import DeltaLog
 

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .actions import ADD, AddFile, Action, Sidecar, parse_action, parse_json_actions
+from .actions import ADD, Action, AddFile, Sidecar, parse_action, parse_json_actions
 from .errors import LogCorruptError
 from .log_segment import LOG_DIR, SIDECARS_DIR, Checkpoint
 from .storage import Storage

@@ -14,7 +14,19 @@ line, version or column involved so a person can act on it without a debugger.
     │   ├── PredicateSyntaxError    the SQL text does not parse
     │   ├── UnknownColumnError      a column the table does not have
     │   └── InvalidLiteralError     a literal that does not fit the column's type
-    └── StorageError                the filesystem refused an operation
+    ├── StorageError                the filesystem refused an operation
+    │   └── FileAlreadyExistsError  put-if-absent lost the race for a version
+    ├── CommitError                 a commit could not be made
+    │   ├── InvalidCommitError      the staged actions break a protocol rule (nothing was written)
+    │   └── CommitRetriesExceededError  the bounded rebase loop gave up
+    └── DeltaConcurrentModificationException   a winning commit conflicts (names as in delta-spark)
+        ├── ConcurrentAppendException
+        ├── ConcurrentDeleteReadException
+        ├── ConcurrentDeleteDeleteException
+        ├── MetadataChangedException
+        ├── ProtocolChangedException
+        ├── ConcurrentTransactionException
+        └── ConcurrentWriteException
 """
 
 from __future__ import annotations
@@ -120,3 +132,118 @@ class FileAlreadyExistsError(StorageError):
     def __init__(self, path: str) -> None:
         self.path = path
         super().__init__(f"file already exists: {path}")
+
+
+class CommitError(DeltaOccError):
+    """A commit could not be made; nothing was written to the log."""
+
+
+class InvalidCommitError(CommitError):
+    """The staged actions break a rule of the Delta protocol (checked before anything is written)."""
+
+
+class CommitRetriesExceededError(CommitError):
+    """Other writers kept winning: the rebase loop stopped after ``attempts`` tries."""
+
+    def __init__(self, attempts: int, last_version: int) -> None:
+        self.attempts = attempts
+        self.last_version = last_version
+        super().__init__(
+            f"gave up after {attempts} commit attempts; the table moved on to version {last_version} each time"
+        )
+
+
+class DeltaConcurrentModificationException(DeltaOccError):
+    """A concurrent commit that won conflicts with this transaction.
+
+    The subclasses carry delta-spark's class names and error classes, so code that classifies a
+    real Spark failure and code that classifies an engine decision use one vocabulary.
+
+    Attributes:
+        error_class: delta-spark's error class (``DELTA_CONCURRENT_APPEND`` ...), SQLSTATE 2D521.
+        version: the winning version that conflicts.
+        operation: the winning commit's ``commitInfo.operation`` (``None`` if it recorded none).
+        partition: the partition involved, as ``{column: value}``, when the check knows it.
+        path: the data file involved, when the check knows it.
+    """
+
+    error_class = "DELTA_CONCURRENT_MODIFICATION"
+    sql_state = "2D521"
+    _what = "a concurrent commit conflicts with this transaction"
+
+    def __init__(self, *, version: int, operation: str | None, detail: str = "",
+                 partition: dict[str, str | None] | None = None, path: str | None = None) -> None:
+        self.version = version
+        self.operation = operation
+        self.partition = partition
+        self.path = path
+        where = ""
+        if partition:
+            where = " in partition [" + ", ".join(f"{k}={v}" for k, v in partition.items()) + "]"
+        elif partition is not None:
+            where = " at the root of the unpartitioned table"
+        if path is not None:
+            where += f" (file {path})"
+        winner = f"winning version {version} ({operation or 'unknown operation'})"
+        message = f"[{self.error_class}] {self._what}{where}: {winner}"
+        super().__init__(message + (f". {detail}" if detail else ""))
+
+
+class ConcurrentAppendException(DeltaConcurrentModificationException):
+    """Files were added where this transaction read."""
+
+    error_class = "DELTA_CONCURRENT_APPEND"
+    _what = "a concurrent commit added files that this transaction should have read"
+
+
+class ConcurrentDeleteReadException(DeltaConcurrentModificationException):
+    """A file this transaction read was removed by the winner."""
+
+    error_class = "DELTA_CONCURRENT_DELETE_READ"
+    _what = "a concurrent commit removed a file this transaction read"
+
+
+class ConcurrentDeleteDeleteException(DeltaConcurrentModificationException):
+    """A file this transaction removes was already removed by the winner."""
+
+    error_class = "DELTA_CONCURRENT_DELETE_DELETE"
+    _what = "a concurrent commit removed a file this transaction also removes"
+
+
+class MetadataChangedException(DeltaConcurrentModificationException):
+    """The winner changed the table's metadata in a way this transaction cannot adopt."""
+
+    error_class = "DELTA_METADATA_CHANGED"
+    _what = "the table's metadata was changed by a concurrent commit"
+
+
+class ProtocolChangedException(DeltaConcurrentModificationException):
+    """The winner changed the protocol, or both created the table."""
+
+    error_class = "DELTA_PROTOCOL_CHANGED"
+    _what = "the table's protocol was changed by a concurrent commit"
+
+
+class ConcurrentTransactionException(DeltaConcurrentModificationException):
+    """The winner wrote an application transaction id (or metadata domain) this transaction depends on."""
+
+    error_class = "DELTA_CONCURRENT_TRANSACTION"
+    _what = "a concurrent commit used the same application transaction id or metadata domain"
+
+
+class ConcurrentWriteException(DeltaConcurrentModificationException):
+    """A concurrent commit landed and this kind of transaction does not resolve conflicts."""
+
+    error_class = "DELTA_CONCURRENT_WRITE"
+    _what = "a concurrent commit landed since this transaction read the table"
+
+
+CONFLICT_EXCEPTIONS: tuple[type[DeltaConcurrentModificationException], ...] = (
+    ConcurrentAppendException,
+    ConcurrentDeleteReadException,
+    ConcurrentDeleteDeleteException,
+    MetadataChangedException,
+    ProtocolChangedException,
+    ConcurrentTransactionException,
+    ConcurrentWriteException,
+)

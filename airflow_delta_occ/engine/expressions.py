@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal as TypingLiteral
+from typing import Any
+from typing import Literal as TypingLiteral
 
 from .schema import DataType
 

@@ -2,9 +2,10 @@
 
 The choice is made from one listing of ``_delta_log``, never from ``_last_checkpoint`` alone: that
 file is a hint other readers use to shorten their listing, and it can be missing, stale (a newer
-checkpoint exists) or wrong (its checkpoint is gone or incomplete). The listing is authoritative. Incomplete multi-part checkpoints are skipped as the protocol requires, and an
-older checkpoint or the JSON commits are used instead; if nothing older can rebuild the version, the
-error names the incomplete checkpoint.
+checkpoint exists) or wrong (its checkpoint is gone or incomplete). The listing is authoritative.
+Incomplete multi-part checkpoints are skipped as the protocol requires, and an older checkpoint or
+the JSON commits are used instead; if nothing older can rebuild the version, the error names the
+incomplete checkpoint.
 """
 
 from __future__ import annotations

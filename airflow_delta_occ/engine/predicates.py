@@ -256,7 +256,7 @@ def evaluate_row(expr: Expr, row: Mapping[str, Any]) -> bool | None:
     """
     if isinstance(expr, Literal):
         if expr.value is None or isinstance(expr.value, bool):
-            return expr.value  # type: ignore[no-any-return]
+            return expr.value
         raise ValueError(f"literal {expr.value!r} is not a condition")
     if isinstance(expr, Column):
         value = _value(expr, row)

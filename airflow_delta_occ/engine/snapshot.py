@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from .actions import Action as Action
 from .actions import (
     AddCDCFile,
     AddFile,
@@ -29,9 +30,9 @@ from .actions import (
     SetTransaction,
     parse_json_actions,
 )
-from .actions import Action as Action
 from .checkpoint import read_checkpoint
 from .errors import LogCorruptError, UnsupportedProtocolError, VersionNotFoundError
+from .expressions import and_, split_conjuncts
 from .file_state import FileKey, FileState
 from .log_segment import LOG_DIR, LogListing, build_segment, commit_file_name, list_log
 from .predicates import (
@@ -106,11 +107,11 @@ class DeltaLog:
     def log_path(self) -> str:
         return self.storage.join(self.table_root, LOG_DIR)
 
-    def list(self) -> LogListing:
+    def listing(self) -> LogListing:
         return list_log(self.storage, self.table_root)
 
     def latest_version(self) -> int:
-        latest = self.list().latest_version
+        latest = self.listing().latest_version
         assert latest is not None
         return latest
 
@@ -123,7 +124,7 @@ class DeltaLog:
             LogCorruptError: a needed log file is malformed or missing.
             UnsupportedProtocolError: the table needs a reader feature this engine lacks.
         """
-        return self._load(self.list(), version)
+        return self._load(self.listing(), version)
 
     def _load(self, listing: LogListing, version: int | None) -> Snapshot:
         segment = build_segment(listing, version)
@@ -151,7 +152,7 @@ class DeltaLog:
         Raises:
             VersionNotFoundError: a commit in the range was removed by log cleanup.
         """
-        listing = self.list()
+        listing = self.listing()
         latest = listing.latest_version
         assert latest is not None
         end = latest if until is None else min(until, latest)
@@ -168,7 +169,7 @@ class DeltaLog:
 
     def history(self, limit: int | None = None) -> list[Commit]:
         """Commits still in the log, newest first (``commit_info`` has operation, readVersion, ...)."""
-        listing = self.list()
+        listing = self.listing()
         versions = sorted(listing.commits, reverse=True)
         if limit is not None:
             versions = versions[:limit]
@@ -390,17 +391,25 @@ class Snapshot:
         A predicate with any expression outside the supported subset (functions, arithmetic,
         non-deterministic calls, other tables' columns) selects the whole table: a smaller answer
         could hide a conflict.
+
+        The split mirrors Delta's scan planning, because the answer must cover what Spark really
+        reads: top-level conjuncts over partition columns only prune partitions exactly, and the
+        other conjuncts skip files on statistics alone. Partition columns have no statistics, so
+        inside a mixed conjunct (``id = 3 OR country = 'FR'``) they count as unknown, as they do
+        for Delta's data skipping; judging them by partition value would drop files Spark scans.
         """
         expr = self.bind(predicate, target_alias=target_alias)
         if has_unknown(expr):
             return self.files()
         partition_names = {name for name, _, _ in self._partition_fields}
-        needs_stats = bool(references(expr) - partition_names)
+        partition_filters: list[Expr] = []
+        data_filters: list[Expr] = []
+        for conjunct in split_conjuncts(expr):
+            (partition_filters if references(conjunct) <= partition_names else data_filters).append(conjunct)
+        data_filter = and_(*data_filters) if data_filters else None
         selected: list[AddFile] = []
-        for add, partition in self._files_with_partitions(expr):
-            if not needs_stats or file_may_match(
-                expr, partition, parse_file_stats(add.stats, self.schema)
-            ):
+        for add, _ in self._files_with_partitions(and_(*partition_filters)):
+            if data_filter is None or file_may_match(data_filter, {}, parse_file_stats(add.stats, self.schema)):
                 selected.append(add)
         return selected
 
@@ -441,7 +450,7 @@ class Snapshot:
 
         Falls back to a full load when those commits are no longer all in the log.
         """
-        listing = self.log.list()
+        listing = self.log.listing()
         latest = listing.latest_version
         assert latest is not None
         if latest == self.version:

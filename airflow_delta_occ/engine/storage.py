@@ -58,9 +58,13 @@ class LocalStorage:
         entries: list[FileMeta] = []
         with os.scandir(path) as it:
             for entry in it:
-                if entry.is_file():
+                try:
+                    if not entry.is_file():
+                        continue
                     st = entry.stat()
-                    entries.append(FileMeta(entry.path, entry.name, st.st_size, st.st_mtime_ns // 1_000_000))
+                except FileNotFoundError:
+                    continue  # a writer's temp file vanished between listing and stat
+                entries.append(FileMeta(entry.path, entry.name, st.st_size, st.st_mtime_ns // 1_000_000))
         entries.sort(key=lambda e: e.name)
         return entries
 
@@ -78,6 +82,7 @@ class LocalStorage:
         # Write a private temp file, then hard-link it into place: link() fails if the target
         # exists, and the target appears complete or not at all.
         directory = os.path.dirname(path)
+        os.makedirs(directory, exist_ok=True)  # the first commit of a new table creates _delta_log
         tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
         try:
             with open(tmp, "xb") as fh:
@@ -109,7 +114,7 @@ class PyArrowStorage:
     def list_dir(self, path: str) -> list[FileMeta]:
         import pyarrow.fs as pafs
 
-        fs: pafs.FileSystem = self._fs  # type: ignore[assignment]
+        fs: pafs.FileSystem = self._fs
         info = fs.get_file_info(path)
         if info.type == pafs.FileType.NotFound:
             raise FileNotFoundError(path)

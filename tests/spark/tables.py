@@ -12,9 +12,10 @@ with a checkpoint layout chosen by the caller:
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 from urllib.parse import unquote
 
 CheckpointLayout = Literal["classic", "multipart", "v2-json", "v2-parquet"]

@@ -50,7 +50,7 @@ def _table(built_tables: dict[str, tuple[str, TableSpec]], name: str) -> tuple[s
 
 @pytest.mark.parametrize("name", NAMES)
 def test_active_files_equal_sparks_at_every_version(spark: Any, built_tables: Any, name: str) -> None:
-    path, spec = _table(built_tables, name)
+    path, _ = _table(built_tables, name)
     log = DeltaLog.for_table(path)
     latest = log.latest_version()
     assert latest >= 25
@@ -112,7 +112,7 @@ def test_files_matching_covers_sparks_scan(spark: Any, built_tables: Any, name: 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_metadata_history_and_changes_match_spark(spark: Any, built_tables: Any, name: str) -> None:
-    path, spec = _table(built_tables, name)
+    path, _ = _table(built_tables, name)
     log = DeltaLog.for_table(path)
     snapshot = log.snapshot()
     df = spark.read.format("delta").load(path)

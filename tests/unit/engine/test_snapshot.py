@@ -212,7 +212,7 @@ def test_non_json_line_and_malformed_action(table):
 def test_missing_commit_in_the_middle_is_corruption(table):
     _grow(table, 5)
     table.delete_commits([3])
-    with pytest.raises(LogCorruptError, match="00000000000000000003.json is missing"):
+    with pytest.raises(LogCorruptError, match=r"00000000000000000003\.json is missing"):
         DeltaLog.for_table(table.root).snapshot()
 
 
@@ -295,3 +295,39 @@ def test_engine_imports_neither_airflow_nor_spark():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _stats(low: int, high: int, nulls: int = 0, n: int = 10) -> dict:
+    return {"numRecords": n, "minValues": {"id": low}, "maxValues": {"id": high}, "nullCount": {"id": nulls}}
+
+
+@pytest.fixture
+def stats_table(table) -> LogBuilder:
+    table.commit(commit_info(),
+                 add("a.parquet", {"date": "2024-01-01", "country": "DE"}, stats=_stats(0, 9)),
+                 add("b.parquet", {"date": "2024-01-01", "country": "FR"}, stats=_stats(10, 19)),
+                 add("c.parquet", {"date": "2024-01-02", "country": "DE"}, stats=_stats(20, 29)),
+                 add("d.parquet", {"date": "2024-01-02", "country": None}),
+                 )
+    return table
+
+
+@pytest.mark.parametrize("with_checkpoint", [False, True])
+@pytest.mark.parametrize(("predicate", "expected"), [
+    ("country = 'DE'", {"a", "c"}),
+    ("country IS NULL", {"d"}),
+    ("date = DATE'2024-01-02' AND country != 'DE'", set()),
+    ("id = 15", {"b", "d"}),  # d has no statistics: it may hold anything
+    ("id BETWEEN 5 AND 12 AND country = 'DE'", {"a"}),
+    # A conjunct mixing a partition and a data column is judged on statistics only, as Delta's data
+    # skipping does: partition columns have no stats, so 'FR' cannot prune a and c here.
+    ("id IN (3, 77) OR country = 'FR'", {"a", "b", "c", "d"}),
+    ("id > 100 AND (id < 0 OR country = 'FR')", {"d"}),
+    ("rand() < 0.5 AND country = 'DE'", {"a", "b", "c", "d"}),
+    ("upper(country) = 'DE'", {"a", "b", "c", "d"}),
+])
+def test_files_matching(stats_table, with_checkpoint, predicate, expected):
+    if with_checkpoint:
+        stats_table.checkpoint(1)
+    snap = DeltaLog.for_table(stats_table.root).snapshot()
+    assert {f.path.removesuffix(".parquet") for f in snap.files_matching(predicate)} == expected

@@ -215,6 +215,9 @@ class WinningCommit:
     removed: tuple[RemoveFile, ...]
     app_ids: frozenset[str]
     domains: frozenset[str]
+    # Set only by the planner: the commit will add files in partitions not known in advance
+    # (an INSERT or MERGE whose source is not pinned), so any read partition may be hit.
+    adds_anywhere: bool = False
 
     @property
     def is_blind_append(self) -> bool:
@@ -414,16 +417,20 @@ def _check_appends(pending: PendingCommit, winner: WinningCommit, level: Isolati
         candidates: Sequence[AddFile] = () if winner.is_blind_append else winner.added
     else:
         candidates = winner.added
-    if not candidates or pending.is_blind_append:
+    anywhere = winner.adds_anywhere and not (
+        level is IsolationLevel.WRITE_SERIALIZABLE and not pending.metadata_changed and winner.is_blind_append)
+    if not (candidates or anywhere) or pending.is_blind_append:
         return
     schema = pending.partition_schema
-    if pending.read_whole_table or not schema:
-        first = candidates[0]
+    predicates = list(dict.fromkeys(pending.read_predicates))
+    if pending.read_whole_table or not schema or (anywhere and predicates):
+        first = candidates[0] if candidates else None
         raise ConcurrentAppendException(
             version=winner.version, operation=winner.operation,
-            partition=schema.hint(first.partition_values) if schema else {}, path=first.path,
+            partition=(schema.hint(first.partition_values) if first is not None else None) if schema else {},
+            path=first.path if first is not None else None,
+            detail="its new files may land in any partition" if first is None else "",
         )
-    predicates = list(dict.fromkeys(pending.read_predicates))
     for predicate in predicates:
         for add in candidates:
             if _partition_matches(predicate, schema, add.partition_values):

@@ -63,6 +63,28 @@ def parse_partition_value(raw: str | None, data_type: DataType) -> Any:
     return _from_text(raw, data_type)
 
 
+def format_partition_value(value: Any, data_type: DataType, column: str | None = None) -> str | None:
+    """The string Delta stores for a partition value (the inverse of ``parse_partition_value``).
+
+    Raises:
+        InvalidLiteralError: ``value`` is not a valid value of ``data_type``.
+    """
+    typed = coerce_literal(value, data_type, column)
+    if typed is None:
+        return None
+    if isinstance(typed, bool):
+        return "true" if typed else "false"
+    if isinstance(typed, dt.datetime):
+        if typed.tzinfo is not None:
+            typed = typed.astimezone(dt.UTC).replace(tzinfo=None)
+        return typed.isoformat(sep=" ", timespec="microseconds" if typed.microsecond else "seconds")
+    if isinstance(typed, dt.date):
+        return typed.isoformat()
+    if isinstance(typed, bytes):
+        return typed.decode("latin-1")
+    return str(typed)
+
+
 def parse_stat_value(raw: Any, data_type: DataType) -> Any:
     """Convert a ``minValues``/``maxValues`` entry; returns ``None`` when the stat is unusable."""
     if raw is None:

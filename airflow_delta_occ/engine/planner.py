@@ -1,0 +1,461 @@
+"""Planning verdicts: can two jobs, not yet run, conflict on this table?
+
+The conflict pools call this before a job starts, from what the job *will* do (operation kind,
+filter, target partitions) and the table's current snapshot. A verdict may be conservative (say
+"conflict" where the real commit would have succeeded) but must never say "no conflict" where a
+commit fails, so every abstraction here over-approximates:
+
+* files read and removed come from ``Snapshot.files_matching`` (a superset of Spark's scan);
+* new files land in a known set of partitions only when that set is certain (rewrites stay in the
+  partitions they read, ``write_partitions`` given by the author, or a filter that pins every
+  partition column to a finite set of values); otherwise "anywhere";
+* both commit orders are checked, since a pool cannot know which job finishes first.
+
+Three models:
+
+``delta``
+    OSS delta-spark. The planner builds the commits the two jobs would write and runs the real
+    commit-time checker (``conflicts.check_winning_commit``) on them: one rule book, no copy.
+``databricks``
+    The Databricks conflict matrices: WriteSerializable when the table sets no level; OPTIMIZE
+    without ZORDER never conflicts with DML when deletion vectors are on; row-level concurrency on
+    unpartitioned tables with deletion vectors (DML pairs conflict only on the same rows, which a
+    planner cannot see, so they stay "may conflict"); identity-column tables admit no concurrency.
+``maxcompute``
+    MaxCompute's transaction-level table: the outcome depends on the operation pair and the commit
+    order within one table or partition; disjoint partitions never conflict.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any, Literal
+
+from .actions import Action, AddFile, Metadata, Protocol, RemoveFile
+from .conflicts import (
+    DATA_CHANGING_OPERATIONS,
+    IsolationLevel,
+    PartitionSchema,
+    PendingCommit,
+    WinningCommit,
+    check_winning_commit,
+    isolation_to_use,
+    table_isolation_level,
+)
+from .errors import DeltaConcurrentModificationException, InvalidCommitError
+from .expressions import TRUE, And, Column, Comparison, Expr, In, Or, and_, is_partition_only, split_conjuncts
+from .expressions import Literal as Lit
+from .snapshot import Snapshot
+from .values import format_partition_value
+
+Model = Literal["delta", "databricks", "maxcompute"]
+MODELS: tuple[Model, ...] = ("delta", "databricks", "maxcompute")
+_MAX_ENUMERATED_PARTITIONS = 4096
+
+
+class Operation(StrEnum):
+    """What a job does to the table, at the granularity conflicts depend on."""
+
+    INSERT = "INSERT"                      # blind append: reads nothing of the target
+    INSERT_SELF_READ = "INSERT_SELF_READ"  # append whose query reads the target (behaves like MERGE)
+    MERGE = "MERGE"
+    UPDATE = "UPDATE"
+    DELETE = "DELETE"
+    OPTIMIZE = "OPTIMIZE"                  # bin-packing compaction (dataChange=false)
+    OPTIMIZE_ZORDER = "OPTIMIZE_ZORDER"
+    REPLACE_WHERE = "REPLACE_WHERE"        # overwrite of the rows matching a predicate
+    OVERWRITE = "OVERWRITE"                # whole-table overwrite / INSERT OVERWRITE / TRUNCATE
+    SET_PROPERTIES = "SET_PROPERTIES"      # ALTER TABLE SET TBLPROPERTIES
+    SCHEMA_CHANGE = "SCHEMA_CHANGE"        # ALTER TABLE ADD COLUMNS, schema evolution
+    CREATE_TABLE = "CREATE_TABLE"
+    MINOR_COMPACT = "MINOR_COMPACT"        # MaxCompute; file-level compaction elsewhere
+    MAJOR_COMPACT = "MAJOR_COMPACT"
+
+
+_DELTA_OPERATION_NAME = {
+    Operation.INSERT: "WRITE", Operation.INSERT_SELF_READ: "WRITE", Operation.MERGE: "MERGE",
+    Operation.UPDATE: "UPDATE", Operation.DELETE: "DELETE", Operation.OPTIMIZE: "OPTIMIZE",
+    Operation.OPTIMIZE_ZORDER: "OPTIMIZE", Operation.REPLACE_WHERE: "WRITE", Operation.OVERWRITE: "WRITE",
+    Operation.SET_PROPERTIES: "SET TBLPROPERTIES", Operation.SCHEMA_CHANGE: "ADD COLUMNS",
+    Operation.CREATE_TABLE: "CREATE TABLE", Operation.MINOR_COMPACT: "OPTIMIZE",
+    Operation.MAJOR_COMPACT: "OPTIMIZE",
+}
+_DML = frozenset({Operation.MERGE, Operation.UPDATE, Operation.DELETE, Operation.INSERT_SELF_READ})
+_COMPACTIONS = frozenset({Operation.OPTIMIZE, Operation.OPTIMIZE_ZORDER, Operation.MINOR_COMPACT,
+                          Operation.MAJOR_COMPACT})
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What one planned job reads and writes, in the terms conflict checks use.
+
+    Build it with ``plan_footprint``; fields hold raw (serialized) partition values so a footprint
+    is plain data that can be stored with a pool lease.
+    """
+
+    operation: Operation
+    label: str
+    read_predicate: Expr | None                      # partition-only part of the filter; None: reads nothing
+    read_whole_table: bool
+    read_files: Mapping[str, Mapping[str, str | None]]
+    removes: Mapping[str, Mapping[str, str | None]]
+    write_partitions: tuple[Mapping[str, str | None], ...] | None  # None: new files may land anywhere
+    adds_files: bool
+    data_change: bool
+    blind_append: bool
+    metadata: Metadata | None = None                 # the metadata the job commits, if it changes it
+    protocol: Protocol | None = None
+    read_app_ids: frozenset[str] = frozenset()
+    written_app_ids: frozenset[str] = frozenset()
+    row_level_eligible: bool = True                  # conditions simple enough for row-level concurrency
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The answer for one pair: whether they can conflict, what would be raised, and why."""
+
+    conflict: bool
+    model: Model
+    reason: str
+    exception: str | None = None
+    loser: str | None = None
+    winner: str | None = None
+    orders: tuple[str, ...] = field(default=(), compare=False)
+
+    def __bool__(self) -> bool:
+        return self.conflict
+
+
+# -- footprints -----------------------------------------------------------------------------------
+
+def plan_footprint(
+    snapshot: Snapshot,
+    operation: Operation | str,
+    predicate: str | Expr | None = None,
+    *,
+    label: str | None = None,
+    write_partitions: Iterable[Mapping[str, Any]] | None = None,
+    properties: Mapping[str, str] | None = None,
+    app_id: str | None = None,
+    target_alias: str | None = None,
+    row_level_eligible: bool = True,
+) -> Footprint:
+    """The footprint of a job about to run ``operation`` with ``predicate`` on ``snapshot``.
+
+    ``write_partitions`` pins where an INSERT or MERGE adds files (``{"date": "2024-01-01"}``
+    each); without it their new files may land anywhere. ``properties`` are the table properties
+    a SET_PROPERTIES job sets. ``app_id`` marks an idempotent writer (txnAppId).
+    """
+    op = Operation(operation)
+    partitions = set(snapshot.partition_columns)
+    schema = PartitionSchema.of(snapshot.metadata)
+    expr = snapshot.bind(predicate, target_alias=target_alias) if predicate is not None else None
+    partition_part = (and_(*(c for c in split_conjuncts(expr) if is_partition_only(c, partitions)))
+                      if expr is not None else TRUE)
+    reads = op not in (Operation.INSERT, Operation.SET_PROPERTIES, Operation.SCHEMA_CHANGE, Operation.CREATE_TABLE)
+    files = (snapshot.files_matching(expr) if expr is not None else snapshot.files()) if reads else []
+    read_files = {f.path: f.partition_values for f in files}
+    rewrites = op in (_DML - {Operation.INSERT_SELF_READ}) | _COMPACTIONS | {Operation.REPLACE_WHERE,
+                                                                            Operation.OVERWRITE}
+    removes = dict(read_files) if rewrites else {}
+    adds = op not in (Operation.SET_PROPERTIES, Operation.SCHEMA_CHANGE, Operation.CREATE_TABLE)
+    # Rewritten files stay in their partitions; inserted rows go where the source sends them.
+    rewritten = {_freeze(pv) for pv in removes.values()}
+    inserts_rows = op in (Operation.INSERT, Operation.INSERT_SELF_READ, Operation.MERGE, Operation.REPLACE_WHERE,
+                          Operation.OVERWRITE)
+    new_rows: set[tuple[tuple[str, str | None], ...]] | None = set()
+    if inserts_rows:
+        if write_partitions is not None:
+            new_rows = {_freeze(_raw_partition(schema, p)) for p in write_partitions}
+        elif op is Operation.REPLACE_WHERE and expr is not None:
+            enumerated = _enumerate_partitions(partition_part, schema)
+            new_rows = None if enumerated is None else {_freeze(p) for p in enumerated}
+        else:
+            new_rows = None
+    written = None if new_rows is None else tuple(dict(p) for p in sorted(rewritten | new_rows, key=repr))
+    metadata, protocol = _planned_metadata(op, snapshot, properties)
+    data_change = op not in _COMPACTIONS and op not in (Operation.SET_PROPERTIES, Operation.SCHEMA_CHANGE)
+    return Footprint(
+        operation=op,
+        label=label or op.value,
+        read_predicate=partition_part if reads else None,
+        read_whole_table=False,
+        read_files=read_files,
+        removes=removes,
+        write_partitions=written,
+        adds_files=adds,
+        data_change=data_change,
+        blind_append=not reads and not removes,
+        metadata=metadata,
+        protocol=protocol,
+        read_app_ids=frozenset({app_id}) if app_id else frozenset(),
+        written_app_ids=frozenset({app_id}) if app_id else frozenset(),
+        row_level_eligible=row_level_eligible and (expr is None or not _has_unknown(expr)),
+    )
+
+
+def _has_unknown(expr: Expr) -> bool:
+    from .expressions import has_unknown
+
+    return has_unknown(expr)
+
+
+def _freeze(values: Mapping[str, str | None]) -> tuple[tuple[str, str | None], ...]:
+    return tuple(sorted(values.items()))
+
+
+def _raw_partition(schema: PartitionSchema, values: Mapping[str, Any]) -> dict[str, str | None]:
+    lowered = {k.lower(): v for k, v in values.items()}
+    raw: dict[str, str | None] = {}
+    for name, physical, data_type in schema.fields:
+        if name.lower() not in lowered:
+            raise InvalidCommitError(f"write_partitions entry {dict(values)!r} has no value for {name!r}")
+        value = lowered[name.lower()]
+        raw[physical] = None if value is None else format_partition_value(value, data_type)
+    return raw
+
+
+def _enumerate_partitions(expr: Expr, schema: PartitionSchema) -> tuple[Mapping[str, str | None], ...] | None:
+    """Every partition a partition filter admits, when it pins each column to a few values."""
+    per_column: list[list[Any]] = []
+    for name, _, _ in schema.fields:
+        values = _pinned_values(expr, name)
+        if values is None:
+            return None
+        per_column.append(values)
+    combos = list(itertools.islice(itertools.product(*per_column), _MAX_ENUMERATED_PARTITIONS + 1))
+    if not combos or len(combos) > _MAX_ENUMERATED_PARTITIONS:
+        return None
+    return tuple(_raw_partition(schema, dict(zip([n for n, _, _ in schema.fields], c, strict=True)))
+                 for c in combos)
+
+
+def _pinned_values(expr: Expr, column: str) -> list[Any] | None:
+    """Values ``column`` must take for ``expr`` to hold, from top-level ``=``/``IN``/``OR`` of them."""
+    for conjunct in split_conjuncts(expr):
+        values = _values_of(conjunct, column)
+        if values is not None:
+            return values
+    return None
+
+
+def _values_of(expr: Expr, column: str) -> list[Any] | None:
+    if isinstance(expr, Comparison) and expr.op == "=":
+        for a, b in ((expr.left, expr.right), (expr.right, expr.left)):
+            if isinstance(a, Column) and a.name == column and isinstance(b, Lit):
+                return [b.value]
+    if isinstance(expr, In) and not expr.negated and isinstance(expr.value, Column) and expr.value.name == column:
+        if all(isinstance(o, Lit) for o in expr.options):
+            return [o.value for o in expr.options if isinstance(o, Lit)]
+    if isinstance(expr, Or):
+        left, right = _values_of(expr.left, column), _values_of(expr.right, column)
+        if left is not None and right is not None:
+            return left + right
+    if isinstance(expr, And):
+        return _values_of(expr.left, column) or _values_of(expr.right, column)
+    return None
+
+
+_FEATURE_FOR_PROPERTY = {
+    "delta.enableDeletionVectors": "deletionVectors",
+    "delta.enableRowTracking": "rowTracking",
+    "delta.enableInCommitTimestamps": "inCommitTimestamp",
+    "delta.checkpointPolicy": "v2Checkpoint",
+    "delta.columnMapping.mode": "columnMapping",
+}
+
+
+def _planned_metadata(op: Operation, snapshot: Snapshot, properties: Mapping[str, str] | None,
+                      ) -> tuple[Metadata | None, Protocol | None]:
+    if op is Operation.SET_PROPERTIES:
+        props = dict(properties or {})
+        metadata = replace(snapshot.metadata, configuration={**snapshot.metadata.configuration, **props})
+        needed = {_FEATURE_FOR_PROPERTY[k] for k, v in props.items()
+                  if k in _FEATURE_FOR_PROPERTY and v.lower() not in ("false", "none")}
+        protocol = None
+        if needed and not all(snapshot.protocol.supports(f) for f in needed):
+            p = snapshot.protocol
+            writer = set(p.writer_features or ()) | needed
+            reader = set(p.reader_features or ()) | (needed & {"deletionVectors", "v2Checkpoint", "columnMapping"})
+            protocol = Protocol(3, 7, frozenset(reader), frozenset(writer))
+        return metadata, protocol
+    if op is Operation.SCHEMA_CHANGE:
+        schema = json.loads(snapshot.metadata.schema_string)
+        schema["fields"] = [*schema["fields"], {"name": "__planned_column__", "type": "string",
+                                                "nullable": True, "metadata": {}}]
+        return replace(snapshot.metadata, schema_string=json.dumps(schema)), None
+    if op is Operation.CREATE_TABLE:
+        return snapshot.metadata, snapshot.protocol
+    return None, None
+
+
+# -- verdicts -------------------------------------------------------------------------------------
+
+def can_conflict(a: Footprint, b: Footprint, snapshot: Snapshot, model: Model = "delta") -> Verdict:
+    """Whether ``a`` and ``b`` can conflict in either commit order (what a pool needs)."""
+    first = verdict(winner=a, loser=b, snapshot=snapshot, model=model)
+    second = verdict(winner=b, loser=a, snapshot=snapshot, model=model)
+    for v in (first, second):
+        if v.conflict:
+            return replace(v, orders=(first.reason, second.reason))
+    return replace(first, reason=f"{first.reason}; {second.reason}", orders=(first.reason, second.reason))
+
+
+def verdict(*, winner: Footprint, loser: Footprint, snapshot: Snapshot, model: Model = "delta") -> Verdict:
+    """Whether ``loser``, committing after ``winner``, fails under ``model``."""
+    if model == "delta":
+        return _delta_verdict(winner, loser, snapshot, IsolationLevel.SERIALIZABLE, model)
+    if model == "databricks":
+        return _databricks_verdict(winner, loser, snapshot)
+    if model == "maxcompute":
+        return _maxcompute_verdict(winner, loser, snapshot)
+    raise ValueError(f"unknown conflict model {model!r}; choose one of {', '.join(MODELS)}")
+
+
+def _synthetic_adds(fp: Footprint) -> tuple[AddFile, ...]:
+    """One planned file per partition the job may write (none when it may write anywhere)."""
+    if not fp.adds_files or fp.write_partitions is None:
+        return ()
+    return tuple(AddFile(path=f"<planned {fp.label} file {i}>", partition_values=dict(pv), size=0,
+                         modification_time=0, data_change=fp.data_change)
+                 for i, pv in enumerate(fp.write_partitions))
+
+
+def _actions(fp: Footprint, schema: PartitionSchema) -> tuple[Action, ...]:
+    actions: list[Action] = [RemoveFile(path=p, data_change=fp.data_change, partition_values=pv)
+                             for p, pv in fp.removes.items()]
+    if fp.adds_files:
+        adds = _synthetic_adds(fp)
+        actions.extend(adds or (AddFile("<planned file>", {n: None for _, n, _ in schema.fields}, 0, 0,
+                                        fp.data_change),))
+    if fp.metadata is not None:
+        actions.append(fp.metadata)
+    if fp.protocol is not None:
+        actions.append(fp.protocol)
+    return tuple(actions)
+
+
+def _delta_verdict(winner: Footprint, loser: Footprint, snapshot: Snapshot, default: IsolationLevel,
+                   model: Model) -> Verdict:
+    schema = PartitionSchema.of(snapshot.metadata)
+    table_level = table_isolation_level(snapshot.metadata, default)
+    loser_actions = _actions(loser, schema)
+    read_predicates: tuple[Expr, ...] = (loser.read_predicate,) if loser.read_predicate is not None else ()
+    pending = PendingCommit(
+        read_version=snapshot.version, partition_schema=schema, read_protocol=snapshot.protocol,
+        metadata=snapshot.metadata, protocol=snapshot.protocol, actions=loser_actions,
+        operation=_DELTA_OPERATION_NAME[loser.operation], read_predicates=read_predicates,
+        read_files=loser.read_files, read_whole_table=loser.read_whole_table, read_app_ids=loser.read_app_ids,
+    )
+    winner_adds = _synthetic_adds(winner)
+    win = WinningCommit(
+        version=snapshot.version + 1,
+        operation=_DELTA_OPERATION_NAME[winner.operation],
+        commit_info={"isBlindAppend": winner.blind_append},
+        protocol=winner.protocol,
+        metadata=winner.metadata,
+        added=winner_adds,
+        removed=tuple(RemoveFile(path=p, data_change=winner.data_change, partition_values=pv)
+                      for p, pv in winner.removes.items()),
+        app_ids=winner.written_app_ids,
+        domains=frozenset(),
+        adds_anywhere=winner.adds_files and winner.write_partitions is None,
+    )
+    operation_changes_data = _DELTA_OPERATION_NAME[loser.operation] in DATA_CHANGING_OPERATIONS
+    level = isolation_to_use(loser_actions, operation_changes_data, table_level)
+    try:
+        check_winning_commit(pending, win, level)
+    except DeltaConcurrentModificationException as exc:
+        return Verdict(True, model, f"{loser.label} after {winner.label}: {_plain(exc)} (checked at {level.value})",
+                       type(exc).__name__, loser.label, winner.label)
+    return Verdict(False, model, f"{loser.label} can commit after {winner.label} (checked at {level.value})",
+                   None, loser.label, winner.label)
+
+
+def _plain(exc: Exception) -> str:
+    text = str(exc)
+    return text.split("] ", 1)[1] if text.startswith("[") else text
+
+
+def _databricks_verdict(winner: Footprint, loser: Footprint, snapshot: Snapshot) -> Verdict:
+    model: Model = "databricks"
+    meta = snapshot.metadata
+    if "delta.identity." in meta.schema_string:
+        return Verdict(True, model, "tables with identity columns admit no concurrent transactions",
+                       "ConcurrentTransactionException", loser.label, winner.label)
+    dv = snapshot.deletion_vectors_enabled
+    row_level = dv and not snapshot.partition_columns
+    level = table_isolation_level(meta, IsolationLevel.WRITE_SERIALIZABLE)
+    plain_optimize = {winner.operation, loser.operation} & {Operation.OPTIMIZE, Operation.MINOR_COMPACT,
+                                                            Operation.MAJOR_COMPACT}
+    other = loser if winner.operation in _COMPACTIONS else winner
+    if dv and plain_optimize and other.operation in _DML and Operation.OPTIMIZE_ZORDER not in (
+            winner.operation, loser.operation):
+        return Verdict(False, model, f"OPTIMIZE without ZORDER BY and {other.label} do not conflict when deletion "
+                       "vectors are enabled", None, loser.label, winner.label)
+    if row_level and winner.row_level_eligible and loser.row_level_eligible:
+        ops = {winner.operation, loser.operation}
+        if ops <= _DML:
+            return Verdict(True, model, f"row-level concurrency: {loser.label} and {winner.label} conflict if they "
+                           "modify the same row, which cannot be known before they run",
+                           "ConcurrentAppendException", loser.label, winner.label)
+        if winner.operation is Operation.INSERT and loser.operation in _DML:
+            if level is IsolationLevel.WRITE_SERIALIZABLE:
+                return Verdict(False, model, f"a blind INSERT never conflicts with {loser.label} under "
+                               "WriteSerializable", None, loser.label, winner.label)
+    return _delta_verdict(winner, loser, snapshot, IsolationLevel.WRITE_SERIALIZABLE, model)
+
+
+# Seed 003: earlier (winner) kind x later (loser) kind -> later job fails?
+_MC_KIND = {
+    Operation.OVERWRITE: "OVERWRITE", Operation.REPLACE_WHERE: "OVERWRITE",
+    Operation.INSERT: "INSERT", Operation.INSERT_SELF_READ: "INSERT",
+    Operation.UPDATE: "DML", Operation.DELETE: "DML", Operation.MERGE: "DML",
+    Operation.MINOR_COMPACT: "MINOR", Operation.OPTIMIZE: "MINOR",
+    Operation.MAJOR_COMPACT: "MAJOR", Operation.OPTIMIZE_ZORDER: "MAJOR",
+}
+_MC_LATER_FAILS = {
+    ("OVERWRITE", "OVERWRITE"): False, ("OVERWRITE", "INSERT"): True, ("OVERWRITE", "DML"): True,
+    ("OVERWRITE", "MINOR"): True, ("OVERWRITE", "MAJOR"): True,
+    ("INSERT", "OVERWRITE"): False, ("INSERT", "INSERT"): True, ("INSERT", "DML"): True,
+    ("INSERT", "MINOR"): False, ("INSERT", "MAJOR"): True,
+    ("DML", "OVERWRITE"): False, ("DML", "INSERT"): True, ("DML", "DML"): True,
+    ("DML", "MINOR"): False, ("DML", "MAJOR"): True,
+    ("MINOR", "OVERWRITE"): False, ("MINOR", "INSERT"): False, ("MINOR", "DML"): False,
+    ("MINOR", "MINOR"): True, ("MINOR", "MAJOR"): False,
+    ("MAJOR", "OVERWRITE"): False, ("MAJOR", "INSERT"): False, ("MAJOR", "DML"): False,
+    ("MAJOR", "MINOR"): True, ("MAJOR", "MAJOR"): True,
+}
+
+
+def _maxcompute_verdict(winner: Footprint, loser: Footprint, snapshot: Snapshot) -> Verdict:
+    model: Model = "maxcompute"
+    w, lo = _MC_KIND.get(winner.operation), _MC_KIND.get(loser.operation)
+    if w is None or lo is None:
+        return Verdict(True, model, f"{winner.label} / {loser.label}: no MaxCompute rule for this pair; assumed to "
+                       "conflict", "ConcurrentModification", loser.label, winner.label)
+    if snapshot.partition_columns and _partitions_disjoint(winner, loser):
+        return Verdict(False, model, f"{winner.label} and {loser.label} touch different partitions", None,
+                       loser.label, winner.label)
+    if _MC_LATER_FAILS[(w, lo)]:
+        return Verdict(True, model, f"{loser.label} ({lo}) committing after {winner.label} ({w}) in the same table "
+                       "or partition fails", "ConcurrentModification", loser.label, winner.label)
+    outcome = "overwrites the earlier result" if lo == "OVERWRITE" else "commits as well"
+    return Verdict(False, model, f"{loser.label} ({lo}) after {winner.label} ({w}) {outcome}", None,
+                   loser.label, winner.label)
+
+
+def _touched(fp: Footprint) -> set[tuple[tuple[str, str | None], ...]] | None:
+    """Every partition a job changes, or ``None`` when it may change any."""
+    if fp.adds_files and fp.write_partitions is None:
+        return None
+    return {_freeze(pv) for pv in fp.removes.values()} | {_freeze(pv) for pv in fp.write_partitions or ()}
+
+
+def _partitions_disjoint(a: Footprint, b: Footprint) -> bool:
+    ta, tb = _touched(a), _touched(b)
+    return ta is not None and tb is not None and not (ta & tb)

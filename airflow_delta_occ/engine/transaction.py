@@ -224,6 +224,10 @@ class Transaction:
     def set_domain_metadata(self, domain: str, configuration: str, *, removed: bool = False) -> None:
         self._stage(DomainMetadata(domain, configuration, removed))
 
+    def stage(self, *actions: Action) -> None:
+        """Stage raw actions (the typed helpers above cover the usual cases)."""
+        self._stage(*actions)
+
     def _stage(self, *actions: Action) -> None:
         if self._committed:
             raise InvalidCommitError("this transaction has already committed")
@@ -233,17 +237,12 @@ class Transaction:
         return next((a for a in self._actions if isinstance(a, Metadata)), None)
 
     # -- commit -----------------------------------------------------------------------------------
-    def commit(self, *, user_metadata: str | None = None, tags: Mapping[str, str] | None = None) -> CommitResult:
-        """Write the staged actions as the next version, rebasing over winners that do not conflict.
+    def prepare(self) -> tuple[PendingCommit, IsolationLevel]:
+        """Validate the staged actions and return what conflict checks see, with the level to use.
 
-        Raises:
-            InvalidCommitError: the staged actions break a protocol rule (nothing written).
-            UnsupportedProtocolError: the table needs writer behaviour this engine lacks.
-            DeltaConcurrentModificationException: a subclass, when a winner conflicts.
-            CommitRetriesExceededError: other writers won ``max_attempts`` times in a row.
+        ``commit()`` calls this; it is public so a caller can ask what a commit *would* be checked
+        against (the differential tests feed it the actions delta-spark staged).
         """
-        if self._committed:
-            raise InvalidCommitError("this transaction has already committed")
         actions = tuple(self._actions)
         metadata = self._staged_metadata() or (self.snapshot.metadata if self.snapshot is not None else None)
         protocol = next((a for a in actions if isinstance(a, Protocol)), None) or (
@@ -265,6 +264,20 @@ class Transaction:
             read_whole_table=self._read_whole_table,
             read_app_ids=frozenset(self._read_app_ids),
         )
+        return pending, level
+
+    def commit(self, *, user_metadata: str | None = None, tags: Mapping[str, str] | None = None) -> CommitResult:
+        """Write the staged actions as the next version, rebasing over winners that do not conflict.
+
+        Raises:
+            InvalidCommitError: the staged actions break a protocol rule (nothing written).
+            UnsupportedProtocolError: the table needs writer behaviour this engine lacks.
+            DeltaConcurrentModificationException: a subclass, when a winner conflicts.
+            CommitRetriesExceededError: other writers won ``max_attempts`` times in a row.
+        """
+        if self._committed:
+            raise InvalidCommitError("this transaction has already committed")
+        pending, level = self.prepare()
         blind = pending.is_blind_append
         info: dict[str, Any] = {
             "timestamp": int(time.time() * 1000),

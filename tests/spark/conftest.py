@@ -14,6 +14,7 @@ import pytest
 
 from airflow_delta_occ.spark.session import local_delta_session
 
+from .differential.harness import gate_session_conf
 from .tables import TableSpec, build_table
 
 TABLE_SPECS = [
@@ -33,7 +34,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    session = local_delta_session("airflow-delta-occ-tests")
+    # The gate LogStore passes every commit through untouched unless a test sets its token.
+    session = local_delta_session("airflow-delta-occ-tests", conf=gate_session_conf())
     yield session
     session.stop()
 

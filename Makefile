@@ -32,6 +32,7 @@ typecheck: setup
 
 bench: setup
 	$(PY) benchmarks/snapshot_load.py
+	$(PY) benchmarks/conflict_check.py
 
 demo: setup
 	$(PY) -m airflow_delta_occ.demo

@@ -20,20 +20,17 @@ import os
 import platform
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import deltalake
+from _report import write_section  # (run as a script: benchmarks/ is on sys.path)
 from deltalake import DeltaTable
 
 from airflow_delta_occ.engine import DeltaLog
 
-ROOT = Path(__file__).resolve().parent.parent
-DOC = ROOT / "docs" / "benchmarks.md"
-BEGIN, END = "<!-- snapshot_load:begin -->", "<!-- snapshot_load:end -->"
 SCHEMA = json.dumps({"type": "struct", "fields": [
     {"name": "id", "type": "long", "nullable": True, "metadata": {}},
     {"name": "amount", "type": "double", "nullable": True, "metadata": {}},
@@ -164,18 +161,7 @@ def main() -> None:
     report = "\n".join(lines)
     print(report)
     if not args.no_write:
-        _write_doc(report)
-
-
-def _write_doc(report: str) -> None:
-    text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
-    block = f"{BEGIN}\n{report}\n{END}"
-    if BEGIN in text and END in text:
-        text = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END):]
-    else:
-        text = text.rstrip() + "\n\n## Snapshot load (`benchmarks/snapshot_load.py`)\n\n" + block + "\n"
-    DOC.write_text(text)
-    print(f"wrote {DOC}", file=sys.stderr)
+        write_section("snapshot_load", "Snapshot load (`benchmarks/snapshot_load.py`)", report)
 
 
 if __name__ == "__main__":

@@ -432,8 +432,13 @@ def _check_appends(pending: PendingCommit, winner: WinningCommit, level: Isolati
             detail="its new files may land in any partition" if first is None else "",
         )
     for predicate in predicates:
+        verdicts: dict[tuple[tuple[str, str | None], ...], bool] = {}  # winners add many files per partition
         for add in candidates:
-            if _partition_matches(predicate, schema, add.partition_values):
+            key = tuple(sorted(add.partition_values.items()))
+            matches = verdicts.get(key)
+            if matches is None:
+                matches = verdicts[key] = _partition_matches(predicate, schema, add.partition_values)
+            if matches:
                 raise ConcurrentAppendException(
                     version=winner.version, operation=winner.operation,
                     partition=schema.hint(add.partition_values), path=add.path,

@@ -29,6 +29,7 @@ lint: setup
 
 typecheck: setup
 	$(VENV)/bin/mypy --strict airflow_delta_occ/engine
+	$(VENV)/bin/mypy airflow_delta_occ
 
 bench: setup
 	$(PY) benchmarks/snapshot_load.py

@@ -17,4 +17,40 @@ def get_provider_info() -> dict[str, Any]:
                 "tags": ["software"],
             }
         ],
+        "operators": [{"integration-name": "Delta Lake OCC", "python-modules": ["airflow_delta_occ.operators.delta"]}],
+        "hooks": [{"integration-name": "Delta Lake OCC", "python-modules": ["airflow_delta_occ.hooks.delta"]}],
+        "connection-types": [
+            {
+                "connection-type": "delta_occ",
+                "hook-class-name": "airflow_delta_occ.hooks.delta.DeltaSparkHook",
+                "hook-name": "Delta Lake (airflow-delta-occ)",
+                "ui-field-behaviour": {"hidden-fields": ["schema", "login", "password", "port", "host"]},
+                "conn-fields": {
+                    "mode": {"label": "Mode", "description": "Where Delta jobs run",
+                             "schema": {"type": ["string", "null"], "default": "embedded",
+                                        "enum": ["embedded", "spark-submit", "connect"]}},
+                    "spark_conn_id": {"label": "Spark connection (spark-submit mode)",
+                                      "schema": {"type": ["string", "null"], "default": "spark_default"}},
+                    "connect_url": {"label": "Spark Connect URL", "schema": {"type": ["string", "null"]}},
+                    "master": {"label": "Embedded master", "schema": {"type": ["string", "null"],
+                                                                      "default": "local[2]"}},
+                },
+            }
+        ],
+        "config": {
+            "delta_occ": {
+                "description": "Defaults of the airflow-delta-occ provider.",
+                "options": {
+                    "default_mode": {
+                        "description": "Where jobs run when no delta_occ connection says otherwise.",
+                        "version_added": "0.1.0", "type": "string", "example": "spark-submit",
+                        "default": "embedded",
+                    },
+                    "append_max_attempts": {
+                        "description": "In-job attempts on ConcurrentAppendException before the task fails.",
+                        "version_added": "0.1.0", "type": "integer", "example": "8", "default": "5",
+                    },
+                },
+            }
+        },
     }

@@ -1,0 +1,1 @@
+"""Airflow hooks: where Delta jobs run."""

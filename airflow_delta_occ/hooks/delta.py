@@ -1,0 +1,160 @@
+"""``DeltaSparkHook``: where a JobSpec runs (embedded local Spark, spark-submit, or Spark Connect).
+
+The connection (type ``delta_occ``, default id ``delta_occ_default``) is optional: without it jobs
+run in an embedded local Spark session, the default for a laptop or a single worker. Its extras:
+
+* ``mode``: ``embedded`` (default), ``spark-submit`` or ``connect``;
+* ``spark_conn_id``: the Spark connection ``spark-submit`` uses (apache-airflow-providers-apache-spark);
+* ``connect_url``: ``sc://host:15002`` for Spark Connect;
+* ``master``: the embedded session's master (default ``local[2]``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowNotFoundException
+
+from airflow_delta_occ.exceptions import ConflictSkipped, DeltaJobError
+from airflow_delta_occ.jobspec import JobSpec
+from airflow_delta_occ.retry import ConflictFailure, ConflictKind, classify_conflict
+
+MODES = ("embedded", "spark-submit", "connect")
+
+
+class DeltaSparkHook(BaseHook):
+    conn_name_attr = "delta_conn_id"
+    default_conn_name = "delta_occ_default"
+    conn_type = "delta_occ"
+    hook_name = "Delta Lake (airflow-delta-occ)"
+
+    def __init__(self, delta_conn_id: str | None = default_conn_name, *, mode: str | None = None,
+                 spark_conf: Mapping[str, str] | None = None) -> None:
+        super().__init__()
+        self.delta_conn_id = delta_conn_id
+        extras: dict[str, Any] = {}
+        if delta_conn_id:
+            try:
+                extras = dict(self.get_connection(delta_conn_id).extra_dejson)
+            except AirflowNotFoundException:
+                if delta_conn_id != self.default_conn_name:
+                    raise
+        self.extras = extras
+        self.mode = mode or extras.get("mode") or _configured_mode()
+        if self.mode not in MODES:
+            raise DeltaJobError(f"unknown mode {self.mode!r} in connection {delta_conn_id!r}; use one of {MODES}")
+        self.spark_conf = {**extras.get("spark_conf", {}), **(spark_conf or {})}
+
+    # -- sessions ---------------------------------------------------------------------------------
+    def get_spark(self) -> Any:
+        """A SparkSession for embedded or Connect mode."""
+        if self.mode == "connect":
+            from pyspark.sql import SparkSession
+
+            url = self.extras.get("connect_url") or os.environ.get("SPARK_REMOTE")
+            if not url:
+                raise DeltaJobError("connect mode needs connect_url in the connection extras (sc://host:15002)")
+            return SparkSession.builder.remote(url).getOrCreate()
+        from airflow_delta_occ.spark.session import local_delta_session
+
+        return local_delta_session("airflow-delta-occ", master=self.extras.get("master", "local[2]"),
+                                   conf=self.spark_conf)
+
+    def table_location(self, name: str) -> str:
+        """The storage location of a catalog table (so the engine can read its log)."""
+        spark = self.get_spark()
+        row = spark.sql(f"DESCRIBE DETAIL {name}").collect()[0]
+        return str(row["location"])
+
+    # -- running ----------------------------------------------------------------------------------
+    def run(self, spec: JobSpec) -> dict[str, Any]:
+        """Execute the job; conflicts surface as ``ConflictFailure`` / ``ConflictSkipped`` in every mode."""
+        if self.mode == "spark-submit":
+            return self._submit(spec)
+        from airflow_delta_occ.spark.runner import run_job
+
+        return run_job(self.get_spark(), spec)
+
+    def _submit(self, spec: JobSpec) -> dict[str, Any]:
+        from airflow_delta_occ.spark import runner
+
+        hook = _submit_hook_class()(
+            conn_id=self.extras.get("spark_conn_id", "spark_default"),
+            application=runner.__file__,
+            application_args=["--spec-json", spec.to_json()],
+            conf=self.spark_conf,
+            name=f"delta-occ-{spec.run.dag_id}.{spec.run.task_id}",
+        )
+        try:
+            hook.submit(hook.application)
+        except Exception as exc:
+            result = hook.result
+            if result is not None:
+                _raise_for_result(result)
+            kind = hook.conflict
+            if kind is not None:
+                raise ConflictFailure(kind, 0, exc) from exc
+            raise
+        if hook.result is None:
+            raise DeltaJobError("spark-submit finished without the runner's result line")
+        final: dict[str, Any] = dict(hook.result)
+        _raise_for_result(final)
+        return final
+
+
+def _configured_mode() -> str:
+    from airflow.sdk import conf
+
+    return str(conf.get("delta_occ", "default_mode", fallback="embedded"))
+
+
+def _raise_for_result(result: Mapping[str, Any]) -> None:
+    status = result.get("status")
+    if status == "success":
+        return
+    message = str(result.get("error", ""))
+    if status == "skipped":
+        raise ConflictSkipped(message)
+    if status == "conflict":
+        kind = ConflictKind(result["conflict"])
+        raise ConflictFailure(kind, int(result.get("attempts", 0)), RuntimeError(message))
+    raise DeltaJobError(f"the Spark job failed ({status}): {message}")
+
+
+@functools.cache
+def _submit_hook_class() -> Any:
+    # Built lazily: importing this module must not need the Spark provider.
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    from airflow_delta_occ.spark.runner import RESULT_PREFIX
+
+    class ResultCapturingSubmitHook(SparkSubmitHook):
+        """Reads the runner's result line and classifies conflicts from *every* driver output line.
+
+        The base hook keeps only the last 20 lines for its error message; a conflict printed earlier
+        would be lost there.
+        """
+
+        def __init__(self, *, application: str, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.application = application
+            self.result: dict[str, Any] | None = None
+            self.conflict: ConflictKind | None = None
+
+        def _process_spark_submit_log(self, itr: Any) -> None:
+            lines = []
+            for raw in itr:
+                line = raw.strip()
+                lines.append(line)
+                if line.startswith(RESULT_PREFIX):
+                    self.result = json.loads(line[len(RESULT_PREFIX):])
+                elif self.conflict is None:
+                    self.conflict = classify_conflict(line)
+            super()._process_spark_submit_log(iter(line + "\n" for line in lines))
+
+    return ResultCapturingSubmitHook

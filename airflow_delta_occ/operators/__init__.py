@@ -1,0 +1,1 @@
+"""Airflow operators for Delta Lake jobs."""

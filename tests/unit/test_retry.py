@@ -1,0 +1,165 @@
+"""Conflict classification and typed retry policies (pure logic; real conflicts are in tests/spark)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from airflow_delta_occ.engine import ConcurrentAppendException as EngineAppend
+from airflow_delta_occ.exceptions import ConflictSkipped
+from airflow_delta_occ.retry import (
+    DEFAULT_POLICIES,
+    OPTIMIZE_POLICIES,
+    Action,
+    ConflictFailure,
+    ConflictKind,
+    ConflictPolicy,
+    RetryOutcome,
+    classify_conflict,
+    resolve_policies,
+    run_with_policies,
+)
+
+pytestmark = pytest.mark.unit
+
+
+class ConcurrentAppendException(Exception):
+    pass
+
+
+class _JavaClass:
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def getName(self) -> str:
+        return self._name
+
+
+class _JavaException:
+    def __init__(self, name: str) -> None:
+        self._cls = _JavaClass(name)
+
+    def getClass(self) -> _JavaClass:
+        return self._cls
+
+
+class FakePy4JJavaError(Exception):
+    def __init__(self, java_name: str) -> None:
+        super().__init__("An error occurred while calling o123.execute.")
+        self.java_exception = _JavaException(java_name)
+
+
+class FakeConnectError(Exception):
+    def __init__(self, condition: str) -> None:
+        super().__init__("remote failure")
+        self._condition = condition
+
+    def getCondition(self) -> str:
+        return self._condition
+
+
+@pytest.mark.parametrize(("error", "kind"), [
+    (ConcurrentAppendException("x"), ConflictKind.APPEND),
+    (EngineAppend(version=3, operation="MERGE"), ConflictKind.APPEND),
+    (FakePy4JJavaError("io.delta.exceptions.ConcurrentDeleteReadException"), ConflictKind.DELETE_READ),
+    (FakeConnectError("DELTA_CONCURRENT_DELETE_DELETE.WITH_PARTITION_HINT"), ConflictKind.DELETE_DELETE),
+    (FakeConnectError("DELTA_METADATA_CHANGED"), ConflictKind.METADATA),
+    ("26/11/23 INFO blah\nio.delta.exceptions.ProtocolChangedException: [DELTA_PROTOCOL_CHANGED] ...",
+     ConflictKind.PROTOCOL),
+    (["line", "pyspark.errors: [DELTA_CONCURRENT_TRANSACTION] ConcurrentTransactionException"],
+     ConflictKind.TRANSACTION),
+    (RuntimeError("wrapped") , None),
+    (ValueError("ConcurrentAppendExceptionally odd"), None),
+    ("AnalysisException: [TABLE_OR_VIEW_NOT_FOUND] t", None),
+])
+def test_classify(error, kind):
+    assert classify_conflict(error) is kind
+
+
+def test_classify_follows_causes():
+    try:
+        try:
+            raise FakePy4JJavaError("io.delta.exceptions.ConcurrentAppendException")
+        except Exception as inner:
+            raise RuntimeError("job failed") from inner
+    except RuntimeError as outer:
+        assert classify_conflict(outer) is ConflictKind.APPEND
+
+
+def test_retries_conflicts_with_backoff_then_succeeds():
+    sleeps: list[float] = []
+    calls = []
+
+    def job(attempt: int) -> str:
+        calls.append(attempt)
+        if attempt < 3:
+            raise ConcurrentAppendException(f"attempt {attempt}")
+        return "done"
+
+    outcome = RetryOutcome()
+    policies = resolve_policies(DEFAULT_POLICIES, {"ConcurrentAppendException": {"initial_delay": 0.5,
+                                                                                 "jitter": 0.0}})
+    assert run_with_policies(job, policies, outcome=outcome, sleep=sleeps.append) == "done"
+    assert calls == [1, 2, 3] and sleeps == [0.5, 1.0]
+    assert [c.kind for c in outcome.conflicts] == ["ConcurrentAppendException"] * 2
+
+
+def test_gives_up_after_max_attempts_with_advice():
+    def job(attempt: int) -> None:
+        raise ConcurrentAppendException("files added in partition [date=2024-01-01]")
+
+    policies = resolve_policies(DEFAULT_POLICIES, {"ConcurrentAppendException": {"max_attempts": 2}})
+    with pytest.raises(ConflictFailure, match="partitions=") as info:
+        run_with_policies(job, policies, sleep=lambda s: None)
+    assert info.value.attempts == 2 and info.value.kind is ConflictKind.APPEND
+
+
+def test_fail_policy_fails_at_once_and_skip_skips():
+    calls = []
+
+    def job(attempt: int) -> None:
+        calls.append(attempt)
+        raise FakeConnectError("DELTA_PROTOCOL_CHANGED")
+
+    with pytest.raises(ConflictFailure, match="create tables"):
+        run_with_policies(job, DEFAULT_POLICIES, sleep=lambda s: None)
+    assert calls == [1]
+
+    def compaction(attempt: int) -> None:
+        raise FakeConnectError("DELTA_CONCURRENT_DELETE_DELETE")
+
+    with pytest.raises(ConflictSkipped):
+        run_with_policies(compaction, OPTIMIZE_POLICIES, sleep=lambda s: None)
+
+
+def test_non_conflicts_are_never_retried():
+    calls = []
+
+    def job(attempt: int) -> None:
+        calls.append(attempt)
+        raise KeyError("missing column")
+
+    with pytest.raises(KeyError):
+        run_with_policies(job, DEFAULT_POLICIES, sleep=lambda s: None)
+    assert calls == [1]
+
+
+def test_policy_overrides_are_validated():
+    assert resolve_policies(DEFAULT_POLICIES, {"DELTA_CONCURRENT_APPEND": "skip"})[ConflictKind.APPEND].action \
+        is Action.SKIP
+    with pytest.raises(ValueError, match="unknown conflict"):
+        resolve_policies(DEFAULT_POLICIES, {"ConcurrentAppend": "retry"})
+    with pytest.raises(ValueError):
+        resolve_policies(DEFAULT_POLICIES, {"ConcurrentAppendException": "sometimes"})
+    with pytest.raises(ValueError):
+        resolve_policies(DEFAULT_POLICIES, {"ConcurrentAppendException": {"tries": 3}})
+    with pytest.raises(ValueError):
+        ConflictPolicy(max_attempts=0)
+
+
+def test_jitter_stays_in_bounds():
+    policy = ConflictPolicy(initial_delay=1.0, multiplier=2.0, max_delay=5.0, jitter=0.5)
+    rng = random.Random(7)
+    delays = [policy.delay(n, rng) for n in range(1, 8)]
+    assert all(lo <= d <= lo + 0.5 for d, lo in zip(delays, [1, 2, 4, 5, 5, 5, 5], strict=True))

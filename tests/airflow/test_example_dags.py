@@ -1,0 +1,53 @@
+"""The example DAGs parse, and run end to end through Airflow with real Spark and delta-spark."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from airflow_delta_occ.engine import DeltaLog
+
+from .conftest import AIRFLOW, REPO
+
+
+def _json_output(text: str) -> object:
+    """The JSON document a CLI printed (Airflow may print log lines to stdout before it)."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith(("[{", "[]", "{")) or line == "[":
+            return json.loads("\n".join(lines[i:]))
+    raise AssertionError(f"no JSON in CLI output: {text[-2000:]}")
+
+
+def test_example_dags_parse_without_errors(airflow_env: dict[str, str]) -> None:
+    out = subprocess.run([*AIRFLOW, "dags", "list-import-errors", "--local", "--output", "json"], env=airflow_env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert _json_output(out.stdout) == []
+    listed = subprocess.run([*AIRFLOW, "dags", "list", "--local", "--output", "json"], env=airflow_env,
+                            capture_output=True, text=True, timeout=300)
+    names = {d["dag_id"] for d in _json_output(listed.stdout)}  # type: ignore[attr-defined]
+    expected = {p.stem for p in (REPO / "dags_examples").glob("*.py")}
+    assert expected <= names
+
+
+def test_concurrent_merges_dag_runs(airflow_env: dict[str, str], tmp_path: Path) -> None:
+    env = {**airflow_env, "DELTA_OCC_DEMO_ROOT": str(tmp_path)}
+    run = subprocess.run([*AIRFLOW, "dags", "test", "delta_concurrent_merges", "2024-01-01"], env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    assert "state=success" in run.stdout + run.stderr
+
+    log = DeltaLog.for_table(str(tmp_path / "sales"))
+    history = [c.commit_info for c in reversed(log.history()) if c.commit_info is not None]
+    operations = [i.operation for i in history]
+    # OPTIMIZE commits only when a partition has several files to compact.
+    assert operations[:5] == ["CREATE TABLE", "MERGE", "MERGE", "MERGE", "MERGE"]
+    assert operations[5:] in ([], ["OPTIMIZE"])
+    tags = [json.loads(i.user_metadata or "{}").get("airflow", {}) for i in history if i.operation == "MERGE"]
+    assert sorted(t["map_index"] for t in tags) == [0, 1, 2, 3]
+    assert {t["task_id"] for t in tags} == {"merge_country"}
+    snapshot = log.snapshot()
+    assert {str(snapshot.partition_values(f)["country"]) for f in snapshot.files()} == {"DE", "FR", "IT", "ES"}
+    assert snapshot.num_files >= 4

@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-unit test-spark lint typecheck bench demo clean
+.PHONY: setup test test-unit test-spark test-airflow lint typecheck bench demo clean
 
 setup: $(STAMP)
 
@@ -13,7 +13,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test,bench]'
 	touch $(STAMP)
 
-## Every tier: unit, spark (real local Spark + delta-spark), then lint and types.
+## Every tier: unit, spark (real local Spark + delta-spark), airflow (the Airflow CLI running example DAGs),
+## then lint and types.
 test: setup
 	$(PY) -m pytest tests
 	$(MAKE) lint typecheck
@@ -23,6 +24,9 @@ test-unit: setup
 
 test-spark: setup
 	$(PY) -m pytest tests -m spark
+
+test-airflow: setup
+	$(PY) -m pytest tests -m airflow
 
 lint: setup
 	$(VENV)/bin/ruff check airflow_delta_occ tests benchmarks dags_examples

@@ -51,3 +51,17 @@ def test_concurrent_merges_dag_runs(airflow_env: dict[str, str], tmp_path: Path)
     snapshot = log.snapshot()
     assert {str(snapshot.partition_values(f)["country"]) for f in snapshot.files()} == {"DE", "FR", "IT", "ES"}
     assert snapshot.num_files >= 4
+
+
+def test_provider_is_registered_with_its_config_and_connection_type(airflow_env: dict[str, str]) -> None:
+    providers = subprocess.run([*AIRFLOW, "providers", "list", "--output", "json"], env=airflow_env,
+                               capture_output=True, text=True, timeout=300)
+    names = {p["package_name"] for p in _json_output(providers.stdout)}  # type: ignore[attr-defined]
+    assert "airflow-delta-occ" in names
+    mode = subprocess.run([*AIRFLOW, "config", "get-value", "delta_occ", "default_mode"], env=airflow_env,
+                          capture_output=True, text=True, timeout=300)
+    assert mode.stdout.strip().splitlines()[-1] == "embedded"
+    hooks = subprocess.run([*AIRFLOW, "providers", "hooks", "--output", "json"], env=airflow_env,
+                           capture_output=True, text=True, timeout=300)
+    registered = {h["connection_type"]: h["class"] for h in _json_output(hooks.stdout)}  # type: ignore[attr-defined]
+    assert registered.get("delta_occ") == "airflow_delta_occ.hooks.delta.DeltaSparkHook"

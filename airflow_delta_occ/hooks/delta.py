@@ -82,12 +82,13 @@ class DeltaSparkHook(BaseHook):
 
     def _submit(self, spec: JobSpec) -> dict[str, Any]:
         from airflow_delta_occ.spark import runner
+        from airflow_delta_occ.spark.session import delta_submit_conf
 
         hook = _submit_hook_class()(
             conn_id=self.extras.get("spark_conn_id", "spark_default"),
             application=runner.__file__,
             application_args=["--spec-json", spec.to_json()],
-            conf=self.spark_conf,
+            conf={**delta_submit_conf(), **self.spark_conf},
             name=f"delta-occ-{spec.run.dag_id}.{spec.run.task_id}",
         )
         try:

@@ -43,6 +43,16 @@ def delta_maven_coordinates() -> str:
     return f"io.delta:delta-spark_{spark_major_minor}_2.13:{version('delta-spark')}"
 
 
+def delta_submit_conf() -> dict[str, str]:
+    """Spark confs that give a submitted application delta-spark (jars from the same Ivy cache)."""
+    return {
+        "spark.jars.packages": delta_maven_coordinates(),
+        "spark.jars.ivy": ivy_dir(),
+        "spark.sql.session.timeZone": "UTC",
+        **DELTA_SESSION_CONF,
+    }
+
+
 def local_delta_session(
     app_name: str = "airflow-delta-occ",
     *,

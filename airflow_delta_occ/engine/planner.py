@@ -47,7 +47,19 @@ from .conflicts import (
     table_isolation_level,
 )
 from .errors import DeltaConcurrentModificationException, InvalidCommitError
-from .expressions import TRUE, And, Column, Comparison, Expr, In, Or, and_, is_partition_only, split_conjuncts
+from .expressions import (
+    TRUE,
+    And,
+    Column,
+    Comparison,
+    Expr,
+    In,
+    Or,
+    and_,
+    has_unknown,
+    is_partition_only,
+    split_conjuncts,
+)
 from .expressions import Literal as Lit
 from .snapshot import Snapshot
 from .values import format_partition_value
@@ -194,14 +206,8 @@ def plan_footprint(
         protocol=protocol,
         read_app_ids=frozenset({app_id}) if app_id else frozenset(),
         written_app_ids=frozenset({app_id}) if app_id else frozenset(),
-        row_level_eligible=row_level_eligible and (expr is None or not _has_unknown(expr)),
+        row_level_eligible=row_level_eligible and (expr is None or not has_unknown(expr)),
     )
-
-
-def _has_unknown(expr: Expr) -> bool:
-    from .expressions import has_unknown
-
-    return has_unknown(expr)
 
 
 def _freeze(values: Mapping[str, str | None]) -> tuple[tuple[str, str | None], ...]:

@@ -59,7 +59,7 @@ class DeltaSparkHook(BaseHook):
             url = self.extras.get("connect_url") or os.environ.get("SPARK_REMOTE")
             if not url:
                 raise DeltaJobError("connect mode needs connect_url in the connection extras (sc://host:15002)")
-            return SparkSession.builder.remote(url).getOrCreate()
+            return SparkSession.builder.remote(url).create()  # a private session per job
         from airflow_delta_occ.spark.session import local_delta_session
 
         return local_delta_session("airflow-delta-occ", master=self.extras.get("master", "local[2]"),
@@ -67,8 +67,10 @@ class DeltaSparkHook(BaseHook):
 
     def table_location(self, name: str) -> str:
         """The storage location of a catalog table (so the engine can read its log)."""
-        spark = self.get_spark()
-        row = spark.sql(f"DESCRIBE DETAIL {name}").collect()[0]
+        from airflow_delta_occ.engine.sql_parser import render_identifier
+
+        quoted = ".".join(render_identifier(part) for part in name.split("."))
+        row = self.get_spark().sql(f"DESCRIBE DETAIL {quoted}").collect()[0]
         return str(row["location"])
 
     # -- running ----------------------------------------------------------------------------------

@@ -1,8 +1,10 @@
 """Execute a ``JobSpec`` with delta-spark: one program for every mode (embedded, spark-submit, Connect).
 
-The runner reads the source once (``localCheckpoint``) and retries conflicts inside the same Spark
-application according to the job's typed policies: each retry re-reads the target's newest snapshot
-(Delta does that when the operation restarts) but never the source. Every commit is tagged with the
+The runner reads the source once (``localCheckpoint``, registered as a temporary view) and retries
+conflicts inside the same Spark application according to the job's typed policies: each retry
+re-reads the target's newest snapshot (Delta does that when the statement restarts) but never the
+source. DML and OPTIMIZE run as SQL statements, which behave the same in a classic session and over
+Spark Connect; names are quoted here and expressions were checked by the operator. Every commit is tagged with the
 Airflow run in ``commitInfo.userMetadata``, and DML, appends and overwrites carry Delta's
 ``txnAppId``/``txnVersion`` derived from the run, so re-running the same task run after an
 ambiguous failure commits nothing twice.
@@ -18,8 +20,10 @@ import argparse
 import json
 import sys
 import time
+import uuid
 from typing import Any
 
+from airflow_delta_occ.engine.sql_parser import render_identifier
 from airflow_delta_occ.exceptions import ConflictSkipped, JobSpecError, SourceNotFoundError
 from airflow_delta_occ.jobspec import JobSpec
 from airflow_delta_occ.retry import (
@@ -40,13 +44,17 @@ TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 TXN_VERSION = 0
 
 
-def _delta_table(session: Any, spec: JobSpec) -> Any:
-    from delta.tables import DeltaTable
+def target_sql(spec: JobSpec) -> str:
+    """The target as Spark SQL: ``delta.`path``` or a backtick-quoted (multi-part) table name."""
+    if spec.target.path is not None:
+        return f"delta.{render_identifier(spec.target.path)}"
+    return ".".join(render_identifier(part) for part in str(spec.target.name).split("."))
 
+
+def _check_target(session: Any, spec: JobSpec) -> int:
+    """The target's current version; a typed error when it is not a Delta table."""
     try:
-        if spec.target.path is not None:
-            return DeltaTable.forPath(session, spec.target.path)
-        return DeltaTable.forName(session, str(spec.target.name))
+        return int(session.sql(f"DESCRIBE HISTORY {target_sql(spec)} LIMIT 1").collect()[0]["version"])
     except Exception as exc:  # AnalysisException in classic and Connect alike
         from airflow_delta_occ.engine.errors import TableNotFoundError
 
@@ -71,52 +79,76 @@ def read_source(session: Any, spec: JobSpec) -> Any:
         raise SourceNotFoundError(f"cannot read source {label!r}: {str(exc).splitlines()[0]}") from exc
 
 
-def _execute_once(session: Any, spec: JobSpec, source: Any) -> None:
-    table = _delta_table(session, spec)
-    op = spec.operation
+def _assignments(values: dict[str, str]) -> str:
+    return ", ".join(f"{render_identifier(k)} = {v}" for k, v in values.items())
+
+
+def merge_sql(spec: JobSpec, source_view: str) -> str:
+    """``MERGE INTO`` for the spec; expressions were checked by the operator, names are quoted here."""
+    parts = [f"MERGE INTO {target_sql(spec)} AS {render_identifier(spec.target_alias)} "
+             f"USING {render_identifier(source_view)} AS {render_identifier(spec.source_alias)} ON {spec.condition}"]
+    for clause in spec.clauses:
+        scope = _clause_scope(clause.kind)
+        when = {"matched": "WHEN MATCHED", "not_matched": "WHEN NOT MATCHED",
+                "not_matched_by_source": "WHEN NOT MATCHED BY SOURCE"}[scope]
+        if clause.condition:
+            when += f" AND ({clause.condition})"
+        action = clause.kind[len(scope) + 1:]
+        if action == "update":
+            parts.append(f"{when} THEN UPDATE SET {_assignments(dict(clause.set))}")
+        elif action == "update_all":
+            parts.append(f"{when} THEN UPDATE SET *")
+        elif action == "delete":
+            parts.append(f"{when} THEN DELETE")
+        elif action == "insert":
+            columns = ", ".join(render_identifier(k) for k in clause.set)
+            parts.append(f"{when} THEN INSERT ({columns}) VALUES ({', '.join(clause.set.values())})")
+        else:
+            parts.append(f"{when} THEN INSERT *")
+    return "\n".join(parts)
+
+
+def _clause_scope(kind: str) -> str:
+    for scope in ("not_matched_by_source", "not_matched", "matched"):
+        if kind.startswith(scope + "_"):
+            return scope
+    raise JobSpecError(f"unknown merge clause {kind!r}")
+
+
+def statement_sql(spec: JobSpec, source_view: str | None) -> str | None:
+    """The SQL statement a DML or OPTIMIZE job runs (``None`` for DataFrame writes)."""
+    op, target = spec.operation, target_sql(spec)
     if op == "merge":
-        builder = table.alias(spec.target_alias).merge(source.alias(spec.source_alias), spec.condition)
-        for clause in spec.clauses:
-            cond, values = clause.condition, dict(clause.set)
-            if clause.kind == "matched_update":
-                builder = builder.whenMatchedUpdate(condition=cond, set=values)
-            elif clause.kind == "matched_update_all":
-                builder = builder.whenMatchedUpdateAll(condition=cond)
-            elif clause.kind == "matched_delete":
-                builder = builder.whenMatchedDelete(condition=cond)
-            elif clause.kind == "not_matched_insert":
-                builder = builder.whenNotMatchedInsert(condition=cond, values=values)
-            elif clause.kind == "not_matched_insert_all":
-                builder = builder.whenNotMatchedInsertAll(condition=cond)
-            elif clause.kind == "not_matched_by_source_update":
-                builder = builder.whenNotMatchedBySourceUpdate(condition=cond, set=values)
-            else:
-                builder = builder.whenNotMatchedBySourceDelete(condition=cond)
-        builder.execute()
-    elif op == "update":
-        table.update(condition=spec.condition, set=dict(spec.set))
-    elif op == "delete":
-        table.delete(spec.condition)
-    elif op == "optimize":
-        optimizer = table.optimize()
-        if spec.partition_filter:
-            optimizer = optimizer.where(spec.partition_filter)
+        return merge_sql(spec, str(source_view))
+    if op == "update":
+        where = f" WHERE {spec.condition}" if spec.condition else ""
+        return f"UPDATE {target} SET {_assignments(dict(spec.set))}{where}"
+    if op == "delete":
+        return f"DELETE FROM {target}" + (f" WHERE {spec.condition}" if spec.condition else "")
+    if op == "optimize":
+        sql = f"OPTIMIZE {target}" + (f" WHERE {spec.partition_filter}" if spec.partition_filter else "")
         if spec.zorder_by:
-            optimizer.executeZOrderBy(*spec.zorder_by)
-        else:
-            optimizer.executeCompaction()
+            sql += " ZORDER BY (" + ", ".join(render_identifier(c) for c in spec.zorder_by) + ")"
+        return sql
+    return None
+
+
+def _execute_once(session: Any, spec: JobSpec, source: Any, source_view: str | None) -> None:
+    sql = statement_sql(spec, source_view)
+    if sql is not None:
+        session.sql(sql).collect()
+        return
+    writer = source.write.format("delta").option("userMetadata", spec.run.user_metadata())
+    if spec.idempotent:
+        writer = writer.option("txnAppId", spec.run.app_id).option("txnVersion", TXN_VERSION)
+    if spec.operation == "append":
+        writer = writer.mode("append")
     else:
-        writer = source.write.format("delta").option("userMetadata", spec.run.user_metadata())
-        if spec.idempotent:
-            writer = writer.option("txnAppId", spec.run.app_id).option("txnVersion", TXN_VERSION)
-        if op == "append":
-            writer = writer.mode("append")
-        else:
-            writer = writer.mode("overwrite").option("replaceWhere", spec.partition_filter)
-        if spec.target.path is not None:
-            writer.save(spec.target.path)
-        else:
-            writer.saveAsTable(spec.target.name)
+        writer = writer.mode("overwrite").option("replaceWhere", spec.partition_filter)
+    if spec.target.path is not None:
+        writer.save(spec.target.path)
+    else:
+        writer.saveAsTable(spec.target.name)
 
 
 def _same_run(user_metadata: str | None, spec: JobSpec) -> bool:
@@ -133,8 +165,7 @@ def _same_run(user_metadata: str | None, spec: JobSpec) -> bool:
 
 def find_commit(session: Any, spec: JobSpec, after_version: int) -> dict[str, Any] | None:
     """The newest commit of this task run (any try) in the table's history, if there is one."""
-    table = _delta_table(session, spec)
-    for row in table.history(100).collect():
+    for row in session.sql(f"DESCRIBE HISTORY {target_sql(spec)} LIMIT 100").collect():
         if _same_run(row["userMetadata"], spec):
             return {"version": int(row["version"]), "operation": row["operation"],
                     "metrics": dict(row["operationMetrics"] or {}),
@@ -150,22 +181,26 @@ def run_job(spark: Any, spec: JobSpec, *, sleep: Any = time.sleep) -> dict[str, 
         ConflictSkipped: a conflict that the policy skips.
         TableNotFoundError, SourceNotFoundError: before any write.
     """
-    session = spark.newSession()  # confs below stay private to this job
+    session = _private_session(spark)
     session.conf.set(USER_METADATA_CONF, spec.run.user_metadata())
     if spec.idempotent and spec.operation in ("merge", "update", "delete"):
         session.conf.set(TXN_APP_ID_CONF, spec.run.app_id)
         session.conf.set(TXN_VERSION_CONF, str(TXN_VERSION))
     started = time.monotonic()
-    before = _delta_table(session, spec).history(1).collect()[0]["version"]
+    before = _check_target(session, spec)
     source = read_source(session, spec)
+    source_view = None
+    if source is not None:
+        source_view = f"delta_occ_source_{uuid.uuid4().hex}"
+        source.createOrReplaceTempView(source_view)
     base = OPTIMIZE_POLICIES if spec.operation == "optimize" else DEFAULT_POLICIES
     policies = resolve_policies(base, spec.retry_policies)
     outcome = RetryOutcome()
     result: dict[str, Any] = {"table": spec.target.label, "operation": spec.operation,
                               "condition": spec.condition, "partition_filter": spec.partition_filter}
     try:
-        run_with_policies(lambda attempt: _execute_once(session, spec, source), policies, outcome=outcome,
-                          sleep=sleep)
+        run_with_policies(lambda attempt: _execute_once(session, spec, source, source_view), policies,
+                          outcome=outcome, sleep=sleep)
     finally:
         result.update(attempts=outcome.attempts, conflicts=[vars(c) for c in outcome.conflicts],
                       run_seconds=round(time.monotonic() - started, 3))
@@ -173,9 +208,21 @@ def run_job(spark: Any, spec: JobSpec, *, sleep: Any = time.sleep) -> dict[str, 
     result["version"] = commit["version"] if commit else None
     result["metrics"] = commit["metrics"] if commit else {}
     result["already_committed"] = bool(commit and not commit["new"])
-    if source is not None:
-        source.unpersist()
+    if source_view is not None:
+        session.catalog.dropTempView(source_view)
     return result
+
+
+def _private_session(spark: Any) -> Any:
+    """A session whose confs (userMetadata, txnAppId) stay private to this job.
+
+    Spark Connect sessions cannot spawn siblings, but each Connect client session is already
+    private (the hook creates one per job).
+    """
+    try:
+        return spark.newSession()
+    except Exception:
+        return spark
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,7 +31,8 @@ DAG_ID = "delta_concurrent_merges"
 LOGICAL_DATE = "2024-01-01T00:00:00+00:00"
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (for servers started by the demo and the tests)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -46,7 +47,7 @@ def _json_tail(text: str) -> Any:
 
 def demo_env(work: Path) -> dict[str, str]:
     bin_dir = str(Path(sys.executable).parent)
-    api_port = _free_port()
+    api_port = free_port()
     return {
         **os.environ,
         "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -56,8 +57,8 @@ def demo_env(work: Path) -> dict[str, str]:
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
         "AIRFLOW__API__PORT": str(api_port),
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://localhost:{api_port}/execution/",
-        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(_free_port()),
-        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(_free_port()),
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
         "DELTA_OCC_DEMO_ROOT": str(work / "lake"),
     }
 

@@ -84,6 +84,16 @@ class RunIdentity:
         # committed, while other runs (backfills in any order) are independent.
         return f"airflow:{self.dag_id}/{self.task_id}/{self.run_id}/{self.map_index}"
 
+    def tagged(self, user_metadata: str | None) -> bool:
+        """Whether a commit's userMetadata names this task run (any try)."""
+        try:
+            tag = json.loads(user_metadata or "")["airflow"]
+        except (ValueError, KeyError, TypeError):
+            return False
+        return isinstance(tag, dict) and (tag.get("dag_id"), tag.get("task_id"), tag.get("run_id"),
+                                          tag.get("map_index")) == (self.dag_id, self.task_id, self.run_id,
+                                                                    self.map_index)
+
     def user_metadata(self) -> str:
         return json.dumps({"airflow": {"dag_id": self.dag_id, "task_id": self.task_id, "run_id": self.run_id,
                                        "map_index": self.map_index, "try_number": self.try_number}},

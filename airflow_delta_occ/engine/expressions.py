@@ -127,6 +127,12 @@ def split_conjuncts(expr: Expr) -> list[Expr]:
     return [expr]
 
 
+def partition_conjuncts(expr: Expr, partition_columns: Collection[str]) -> list[Expr]:
+    """The top-level conjuncts over partition columns only: all Delta's conflict check looks at."""
+    partitions = set(partition_columns)
+    return [c for c in split_conjuncts(expr) if is_partition_only(c, partitions)]
+
+
 def and_(*exprs: Expr) -> Expr:
     """Conjunction of the arguments (``TRUE`` when there are none)."""
     if not exprs:

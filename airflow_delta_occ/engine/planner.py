@@ -57,7 +57,7 @@ from .expressions import (
     Or,
     and_,
     has_unknown,
-    is_partition_only,
+    partition_conjuncts,
     split_conjuncts,
 )
 from .expressions import Literal as Lit
@@ -163,11 +163,9 @@ def plan_footprint(
     a SET_PROPERTIES job sets. ``app_id`` marks an idempotent writer (txnAppId).
     """
     op = Operation(operation)
-    partitions = set(snapshot.partition_columns)
     schema = PartitionSchema.of(snapshot.metadata)
     expr = snapshot.bind(predicate, target_alias=target_alias) if predicate is not None else None
-    partition_part = (and_(*(c for c in split_conjuncts(expr) if is_partition_only(c, partitions)))
-                      if expr is not None else TRUE)
+    partition_part = and_(*partition_conjuncts(expr, snapshot.partition_columns)) if expr is not None else TRUE
     reads = op not in (Operation.INSERT, Operation.SET_PROPERTIES, Operation.SCHEMA_CHANGE, Operation.CREATE_TABLE)
     files = (snapshot.files_matching(expr) if expr is not None else snapshot.files()) if reads else []
     read_files = {f.path: f.partition_values for f in files}

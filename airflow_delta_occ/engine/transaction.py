@@ -51,7 +51,7 @@ from .errors import (
     TableNotFoundError,
     UnsupportedProtocolError,
 )
-from .expressions import TRUE, Expr, and_, is_partition_only, split_conjuncts
+from .expressions import TRUE, Expr, and_, is_partition_only, partition_conjuncts
 from .log_segment import LOG_DIR, commit_file_name
 from .log_writer import encode_commit
 from .snapshot import DeltaLog, Snapshot
@@ -160,10 +160,7 @@ class Transaction:
             self._read_predicates.append(TRUE)
         else:
             expr = self.snapshot.bind(predicate, target_alias=target_alias)
-            partitions = set(self.snapshot.partition_columns)
-            self._read_predicates.append(
-                and_(*(c for c in split_conjuncts(expr) if is_partition_only(c, partitions)))
-            )
+            self._read_predicates.append(and_(*partition_conjuncts(expr, self.snapshot.partition_columns)))
             files = self.snapshot.files_matching(expr)
         for f in files:
             self._read_files[f.path] = f.partition_values
@@ -338,7 +335,7 @@ def _validate(actions: tuple[Action, ...], metadata: Metadata | None, protocol: 
             dup = next(p for p in paths if paths.count(p) > 1)
             raise InvalidCommitError(f"file {dup!r} is {kind.__name__} twice in one commit")
     if metadata is not None:
-        partition_keys = _physical_partition_names(metadata)
+        partition_keys = {physical for _, physical, _ in PartitionSchema.of(metadata).fields}
         for a in actions:
             if isinstance(a, AddFile) and set(a.partition_values) != partition_keys:
                 raise InvalidCommitError(
@@ -349,15 +346,6 @@ def _validate(actions: tuple[Action, ...], metadata: Metadata | None, protocol: 
                 isinstance(a, RemoveFile) and a.data_change for a in actions):
             raise InvalidCommitError("the table is append-only (delta.appendOnly=true): data cannot be removed")
     _check_writable(actions, metadata, protocol)
-
-
-def _physical_partition_names(metadata: Metadata) -> set[str]:
-    schema = metadata.schema
-    names = set()
-    for column in metadata.partition_columns:
-        f = schema.find(column)
-        names.add(f.physical_name if f is not None else column)
-    return names
 
 
 def _check_writable(actions: Iterable[Action], metadata: Metadata | None, protocol: Protocol | None) -> None:

@@ -17,7 +17,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_delta_occ.engine import DeltaLog, Snapshot
-from airflow_delta_occ.engine.expressions import is_partition_only, split_conjuncts
+from airflow_delta_occ.engine.expressions import partition_conjuncts
 from airflow_delta_occ.exceptions import (
     CommitNotConfirmedError,
     ConflictSkipped,
@@ -89,7 +89,7 @@ class DeltaBaseOperator(BaseOperator):
         constrained = False
         if condition:
             expr = snapshot.bind(condition, target_alias=alias)
-            constrained = any(is_partition_only(c, set(snapshot.partition_columns)) for c in split_conjuncts(expr))
+            constrained = bool(partition_conjuncts(expr, snapshot.partition_columns))
         if constrained:
             return
         message = (f"{self.operation.upper()} on {self.table or self.table_name} is not constrained to partitions "
@@ -136,12 +136,7 @@ class DeltaBaseOperator(BaseOperator):
         log = DeltaLog.for_table(location)
         commit = next((c for c in log.commits_after(int(version) - 1, until=int(version))), None)
         tag = commit.commit_info.user_metadata if commit and commit.commit_info else None
-        try:
-            meta = json.loads(tag or "{}").get("airflow", {})
-        except ValueError:
-            meta = {}
-        if (meta.get("dag_id"), meta.get("task_id"), meta.get("run_id")) != (
-                spec.run.dag_id, spec.run.task_id, spec.run.run_id):
+        if not spec.run.tagged(tag):
             raise CommitNotConfirmedError(f"version {version} of {location} is not tagged with run {spec.run.app_id}")
         return True
 

@@ -151,22 +151,10 @@ def _execute_once(session: Any, spec: JobSpec, source: Any, source_view: str | N
         writer.saveAsTable(spec.target.name)
 
 
-def _same_run(user_metadata: str | None, spec: JobSpec) -> bool:
-    if not user_metadata:
-        return False
-    try:
-        tag = json.loads(user_metadata)["airflow"]
-    except (ValueError, KeyError, TypeError):
-        return False
-    run = spec.run
-    return (tag.get("dag_id"), tag.get("task_id"), tag.get("run_id"), tag.get("map_index")) == (
-        run.dag_id, run.task_id, run.run_id, run.map_index)
-
-
 def find_commit(session: Any, spec: JobSpec, after_version: int) -> dict[str, Any] | None:
     """The newest commit of this task run (any try) in the table's history, if there is one."""
     for row in session.sql(f"DESCRIBE HISTORY {target_sql(spec)} LIMIT 100").collect():
-        if _same_run(row["userMetadata"], spec):
+        if spec.run.tagged(row["userMetadata"]):
             return {"version": int(row["version"]), "operation": row["operation"],
                     "metrics": dict(row["operationMetrics"] or {}),
                     "user_metadata": row["userMetadata"], "new": int(row["version"]) > after_version}

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from airflow_delta_occ.demo import free_port
 from airflow_delta_occ.engine import DeltaLog
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,12 +33,6 @@ def _spark_home() -> str:
     return str(Path(pyspark.__file__).parent)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _master_state(ui_port: int) -> dict[str, Any]:
     with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=5) as response:
         return dict(json.loads(response.read()))
@@ -47,7 +41,7 @@ def _master_state(ui_port: int) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     logs = tmp_path_factory.mktemp("standalone")
-    port, ui, worker_ui = _free_port(), _free_port(), _free_port()
+    port, ui, worker_ui = free_port(), free_port(), free_port()
     env = {**os.environ, "SPARK_HOME": _spark_home(), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(logs),
            "SPARK_WORKER_DIR": str(logs)}
     spark_class = str(BIN / "spark-class")

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_delta_occ.retry import classify_conflict
 from airflow_delta_occ.spark.session import ivy_dir
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -32,22 +33,6 @@ SOURCE = os.path.join(HERE, "GateLogStore.java")
 CLASS_NAME = "airflowdeltaocc.testing.GateLogStore"
 GATE_DIR = os.path.join(tempfile.gettempdir(), "airflow-delta-occ-gates")
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
-
-CONFLICT_NAMES = (
-    "ConcurrentAppendException", "ConcurrentDeleteReadException", "ConcurrentDeleteDeleteException",
-    "MetadataChangedException", "ProtocolChangedException", "ConcurrentTransactionException",
-    "ConcurrentWriteException",
-)
-_ERROR_CLASSES = {
-    "DELTA_CONCURRENT_APPEND": "ConcurrentAppendException",
-    "DELTA_CONCURRENT_DELETE_READ": "ConcurrentDeleteReadException",
-    "DELTA_CONCURRENT_DELETE_DELETE": "ConcurrentDeleteDeleteException",
-    "DELTA_METADATA_CHANGED": "MetadataChangedException",
-    "DELTA_PROTOCOL_CHANGED": "ProtocolChangedException",
-    "DELTA_CONCURRENT_TRANSACTION": "ConcurrentTransactionException",
-    "DELTA_CONCURRENT_WRITE": "ConcurrentWriteException",
-}
-
 
 def gate_jar() -> str:
     """Compile ``GateLogStore.java`` against the cached Delta and Spark jars (once per source version)."""
@@ -94,27 +79,11 @@ def gate_session_conf() -> dict[str, str]:
 
 
 def classify(exc: BaseException | None) -> str | None:
-    """delta-spark's conflict class name for an exception from PySpark (any 4.x, classic or raw py4j)."""
+    """delta-spark's conflict class name for an exception from PySpark, ``other:...`` for anything else."""
     if exc is None:
         return None
-    for cls in type(exc).__mro__:
-        if cls.__name__ in CONFLICT_NAMES:
-            return cls.__name__
-    java = getattr(exc, "java_exception", None)
-    if java is not None:
-        name = java.getClass().getName().rsplit(".", 1)[-1]
-        if name in CONFLICT_NAMES:
-            return name
-    get = getattr(exc, "getCondition", None) or getattr(exc, "getErrorClass", None)
-    try:
-        condition = get() if get is not None else None
-    except Exception:
-        condition = None
-    if condition:
-        mapped = _ERROR_CLASSES.get(condition.split(".")[0])
-        if mapped:
-            return mapped
-    return f"other:{type(exc).__name__}: {str(exc)[:300]}"
+    kind = classify_conflict(exc)
+    return kind.value if kind is not None else f"other:{type(exc).__name__}: {str(exc)[:300]}"
 
 
 @dataclass

@@ -80,7 +80,13 @@ class DeltaSparkHook(BaseHook):
             return self._submit(spec)
         from airflow_delta_occ.spark.runner import run_job
 
-        return run_job(self.get_spark(), spec)
+        spark = self.get_spark()
+        if self.mode != "connect":
+            return run_job(spark, spec)
+        try:
+            return run_job(spark, spec)
+        finally:
+            spark.stop()  # releases the server-side session and its cached source at once
 
     def _submit(self, spec: JobSpec) -> dict[str, Any]:
         from airflow_delta_occ.spark import runner

@@ -17,10 +17,12 @@ the caller does not depend on the last lines of the driver log.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from airflow_delta_occ.engine.sql_parser import render_identifier
@@ -73,7 +75,8 @@ def read_source(session: Any, spec: JobSpec) -> Any:
             df = session.table(src.table)
         else:
             df = session.sql(src.query)
-        return df.localCheckpoint(eager=True)
+        with _active(session):
+            return df.localCheckpoint(eager=True)
     except Exception as exc:
         label = src.path or src.table or "query"
         raise SourceNotFoundError(f"cannot read source {label!r}: {str(exc).splitlines()[0]}") from exc
@@ -211,6 +214,28 @@ def _private_session(spark: Any) -> Any:
         return spark.newSession()
     except Exception:
         return spark
+
+
+@contextlib.contextmanager
+def _active(session: Any) -> Iterator[None]:
+    """Make a Spark Connect session the thread's active one while a checkpoint result is bound.
+
+    pyspark's Connect client binds a checkpointed DataFrame to ``SparkSession.active()`` rather than
+    to the session that ran the checkpoint (``proto_to_remote_cached_dataframe``, pyspark 4.0-4.2).
+    When the process holds an older Connect session (an earlier job, or the user's own), the source
+    would name a relation the server keeps in another session (``DATAFRAME_NOT_FOUND``). Classic
+    sessions are unaffected and left alone.
+    """
+    holder = getattr(type(session), "_active_session", None)
+    if not type(session).__module__.startswith("pyspark.sql.connect") or holder is None:
+        yield
+        return
+    previous = getattr(holder, "session", None)
+    holder.session = session
+    try:
+        yield
+    finally:
+        holder.session = previous
 
 
 def main(argv: list[str] | None = None) -> int:

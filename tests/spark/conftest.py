@@ -15,6 +15,7 @@ import pytest
 from airflow_delta_occ.spark.session import local_delta_session
 
 from .differential.harness import gate_session_conf
+from .jobs import create_sales
 from .tables import TableSpec, build_table
 
 TABLE_SPECS = [
@@ -51,3 +52,9 @@ def built_tables(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[s
         assert len(history) >= 25, history
         tables[spec.name] = (path, spec)
     return tables
+
+
+@pytest.fixture
+def sales(spark: Any, tmp_path: Any) -> str:
+    """A small table partitioned by (date, country), two rows per partition (see ``jobs.create_sales``)."""
+    return create_sales(spark, str(tmp_path / "sales"))

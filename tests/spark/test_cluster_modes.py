@@ -1,9 +1,12 @@
-"""The same DAG through spark-submit to a real Spark standalone cluster (master + worker on 127.0.0.1).
+"""The same jobs through ``spark-submit`` to a real standalone cluster and through a real Spark Connect server.
 
-The master and worker are started from the pyspark package's own ``spark-class``; the example DAG
-runs through the Airflow CLI with the ``delta_occ_default`` connection switched to ``spark-submit``,
-so every MERGE is a separate Spark application on the cluster, submitted by
-apache-airflow-providers-apache-spark's ``SparkSubmitHook``.
+Both run on 127.0.0.1 from the pyspark package's own launchers: a standalone master and worker
+(``spark-class``), and a Connect server (``spark-submit --class ...SparkConnectServer``) with
+delta-spark and the test gate LogStore on its classpath. The example DAG runs through the Airflow
+CLI with the ``delta_occ_default`` connection switched to each mode, and the gated MERGE races of
+the operator tier run with job A inside the cluster or the Connect server, so the conflict that
+reaches the operator was raised by delta-spark there and classified from what crossed the wire:
+the runner's result line for spark-submit, the error class for Connect.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +25,18 @@ import pytest
 
 from airflow_delta_occ.demo import free_port
 from airflow_delta_occ.engine import DeltaLog
+from airflow_delta_occ.hooks.delta import DeltaSparkHook
+from airflow_delta_occ.jobspec import JobSpec
+from airflow_delta_occ.spark.session import delta_maven_coordinates, ivy_dir
+
+from .differential.harness import gate_session_conf
+from .jobs import check_disjoint_merges, check_overlapping_merges
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+STARTUP_SECONDS = 180
+# Set on the Connect server only: a table created there carries it, one created elsewhere does not.
+CONNECT_MARKER = ("spark.databricks.delta.properties.defaults.checkpointInterval", "7")
 
 
 def _spark_home() -> str:
@@ -33,75 +45,156 @@ def _spark_home() -> str:
     return str(Path(pyspark.__file__).parent)
 
 
-def _master_state(ui_port: int) -> dict[str, Any]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=5) as response:
-        return dict(json.loads(response.read()))
+def _spark_env(logs: Path) -> dict[str, str]:
+    """Environment for Spark's launchers and for SparkSubmitHook (which runs ``spark-submit`` from PATH)."""
+    return {**os.environ, "SPARK_HOME": _spark_home(), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(logs),
+            "SPARK_WORKER_DIR": str(logs), "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+
+
+def _get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def _wait_for(ready: Callable[[], bool], what: str, logs: Path, procs: list[subprocess.Popen[bytes]]) -> None:
+    deadline = time.monotonic() + STARTUP_SECONDS
+    while True:
+        try:
+            if ready():
+                return
+        except OSError:
+            pass
+        if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not start; see the logs in {logs}")
+        time.sleep(0.5)
+
+
+def _stop(*procs: subprocess.Popen[bytes]) -> None:
+    for proc in procs:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(args, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
 
 
 @pytest.fixture(scope="module")
 def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     logs = tmp_path_factory.mktemp("standalone")
     port, ui, worker_ui = free_port(), free_port(), free_port()
-    env = {**os.environ, "SPARK_HOME": _spark_home(), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(logs),
-           "SPARK_WORKER_DIR": str(logs)}
-    spark_class = str(BIN / "spark-class")
-    master = subprocess.Popen([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                               "--port", str(port), "--webui-port", str(ui)], env=env,
-                              stdout=open(logs / "master.log", "w"), stderr=subprocess.STDOUT)
-    worker = subprocess.Popen([spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-                               "--webui-port", str(worker_ui), "--cores", "2", "--memory", "2g",
-                               f"spark://127.0.0.1:{port}"], env=env,
-                              stdout=open(logs / "worker.log", "w"), stderr=subprocess.STDOUT)
+    env, spark_class = _spark_env(logs), str(BIN / "spark-class")
+    master = _spawn([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                     "--port", str(port), "--webui-port", str(ui)], env, logs / "master.log")
+    worker = _spawn([spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+                     "--webui-port", str(worker_ui), "--cores", "2", "--memory", "2g",
+                     f"spark://127.0.0.1:{port}"], env, logs / "worker.log")
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if any(w.get("state") == "ALIVE" for w in _master_state(ui).get("workers", [])):
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the standalone worker did not register; see {logs}")
-            time.sleep(0.5)
-        yield {"master": f"spark://127.0.0.1:{port}", "port": port, "ui": ui, "logs": logs}
+        _wait_for(lambda: any(w.get("state") == "ALIVE"
+                              for w in _get_json(f"http://127.0.0.1:{ui}/json/").get("workers", [])),
+                  "the standalone master and worker", logs, [master, worker])
+        yield {"port": port, "ui": ui, "logs": logs, "env": env}
     finally:
-        for proc in (worker, master):
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        _stop(worker, master)
 
 
-def test_example_dag_through_spark_submit(standalone: dict[str, Any], tmp_path: Path) -> None:
-    home = tmp_path / "airflow"
-    env = {
-        **os.environ,
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",  # SparkSubmitHook runs `spark-submit`
-        "SPARK_HOME": _spark_home(),
-        "PYSPARK_PYTHON": sys.executable,
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags_examples"),
-        "DELTA_OCC_DEMO_ROOT": str(tmp_path / "lake"),
-        "AIRFLOW_CONN_SPARK_STANDALONE": json.dumps({"conn_type": "spark", "host": "spark://127.0.0.1",
-                                                     "port": standalone["port"],
-                                                     "extra": {"deploy-mode": "client"}}),
-        "AIRFLOW_CONN_DELTA_OCC_DEFAULT": json.dumps({"conn_type": "delta_occ", "extra": {
-            "mode": "spark-submit", "spark_conn_id": "spark_standalone",
-            "spark_conf": {"spark.executor.memory": "1g", "spark.cores.max": "2"}}}),
-    }
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A Spark Connect server with delta-spark and the gate LogStore, as a platform team would run one."""
+    logs = tmp_path_factory.mktemp("connect")
+    port, ui = free_port(), free_port()
+    confs = {**gate_session_conf(), "spark.jars.ivy": ivy_dir(), CONNECT_MARKER[0]: CONNECT_MARKER[1],
+             "spark.connect.grpc.binding.address": "127.0.0.1", "spark.connect.grpc.binding.port": str(port),
+             "spark.ui.port": str(ui), "spark.sql.session.timeZone": "UTC",
+             "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+             "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog"}
+    args = [str(BIN / "spark-submit"), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
+            "--master", "local[2]", "--packages", delta_maven_coordinates()]
+    for key, value in confs.items():
+        args += ["--conf", f"{key}={value}"]
+    server = _spawn([*args, "spark-internal"], _spark_env(logs), logs / "server.log")
+    try:
+        _wait_for(lambda: "Spark Connect server started" in (logs / "server.log").read_text(),
+                  "the Spark Connect server", logs, [server])
+        yield {"url": f"sc://127.0.0.1:{port}", "ui": ui, "logs": logs}
+    finally:
+        _stop(server)
+
+
+def _run_example_dag(tmp_path: Path, env: dict[str, str], delta_conn: dict[str, Any]) -> Path:
+    """Run ``delta_concurrent_merges`` through the Airflow CLI; return the table it wrote."""
+    env = {**env, "AIRFLOW_HOME": str(tmp_path / "airflow"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+           "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags_examples"), "DELTA_OCC_DEMO_ROOT": str(tmp_path / "lake"),
+           "AIRFLOW_CONN_DELTA_OCC_DEFAULT": json.dumps({"conn_type": "delta_occ", "extra": delta_conn})}
     subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True, capture_output=True)
     run = subprocess.run([sys.executable, "-m", "airflow", "dags", "test", "delta_concurrent_merges", "2024-01-01"],
                          env=env, capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
-
-    log = DeltaLog.for_table(str(tmp_path / "lake" / "sales"))
-    merges = [c.commit_info for c in log.history() if c.commit_info and c.commit_info.operation == "MERGE"]
+    table = tmp_path / "lake" / "sales"
+    merges = [c.commit_info for c in DeltaLog.for_table(str(table)).history()
+              if c.commit_info and c.commit_info.operation == "MERGE"]
     assert len(merges) == 4
     assert all(json.loads(m.user_metadata or "{}")["airflow"]["task_id"] == "merge_country" for m in merges)
-    apps = _master_state(standalone["ui"]).get("completedapps", []) + _master_state(standalone["ui"]).get(
-        "activeapps", [])
+    return table
+
+
+def test_example_dag_through_spark_submit(standalone: dict[str, Any], tmp_path: Path) -> None:
+    env = {**standalone["env"], "AIRFLOW_CONN_SPARK_STANDALONE": json.dumps(
+        {"conn_type": "spark", "host": "spark://127.0.0.1", "port": standalone["port"],
+         "extra": {"deploy-mode": "client"}})}
+    _run_example_dag(tmp_path, env, {"mode": "spark-submit", "spark_conn_id": "spark_standalone",
+                                     "spark_conf": {"spark.executor.memory": "1g", "spark.cores.max": "2"}})
+    state = _get_json(f"http://127.0.0.1:{standalone['ui']}/json/")
+    apps = state.get("completedapps", []) + state.get("activeapps", [])
     submitted = [a for a in apps if str(a.get("name", "")).startswith("delta-occ-delta_concurrent_merges")]
     assert len(submitted) >= 4, [a.get("name") for a in apps]
+
+
+def test_example_dag_through_spark_connect(connect_server: dict[str, Any], tmp_path: Path) -> None:
+    table = _run_example_dag(tmp_path, dict(os.environ), {"mode": "connect", "connect_url": connect_server["url"]})
+    # The table was created on the Connect server ...
+    assert DeltaLog.for_table(str(table)).snapshot().metadata.configuration.get("delta.checkpointInterval") == "7"
+    # ... and every MERGE ran there, each in its own Connect session.
+    app = _get_json(f"http://127.0.0.1:{connect_server['ui']}/api/v1/applications")[0]["id"]
+    executions = _get_json(f"http://127.0.0.1:{connect_server['ui']}/api/v1/applications/{app}/sql"
+                           "?details=false&length=10000")
+    merge_sessions = {e["description"].split('session_id: "')[1].split('"')[0]
+                      for e in executions
+                      if "MergeIntoCommand" in e["planDescription"] and str(table) in e["planDescription"]}
+    assert len(merge_sessions) == 4, merge_sessions
+
+
+def _hook_runner(conn_id: str) -> Callable[[Any, JobSpec], dict[str, Any]]:
+    return lambda _session, spec: DeltaSparkHook(conn_id).run(spec)
+
+
+@pytest.fixture(params=["spark-submit", "connect"])
+def remote_runner(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Runs job A through the hook in one of the remote modes (the gate jar on the remote side too)."""
+    if request.param == "spark-submit":
+        cluster = request.getfixturevalue("standalone")
+        for key, value in _spark_env(cluster["logs"]).items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.setenv("AIRFLOW_CONN_SPARK_RACE", json.dumps(
+            {"conn_type": "spark", "host": "spark://127.0.0.1", "port": cluster["port"],
+             "extra": {"deploy-mode": "client"}}))
+        extra = {"mode": "spark-submit", "spark_conn_id": "spark_race",
+                 "spark_conf": {**gate_session_conf(), "spark.executor.memory": "1g", "spark.cores.max": "1"}}
+    else:
+        extra = {"mode": "connect", "connect_url": request.getfixturevalue("connect_server")["url"]}
+    monkeypatch.setenv("AIRFLOW_CONN_DELTA_OCC_RACE", json.dumps({"conn_type": "delta_occ", "extra": extra}))
+    return _hook_runner("delta_occ_race")
+
+
+def test_remote_conflict_is_classified_and_injection_avoids_it(spark: Any, sales: str, tmp_path: Path,
+                                                               remote_runner: Any) -> None:
+    check_disjoint_merges(spark, sales, tmp_path, remote_runner)
+
+
+def test_remote_overlapping_merges_retry_to_the_serial_result(spark: Any, sales: str, tmp_path: Path,
+                                                              remote_runner: Any) -> None:
+    check_overlapping_merges(spark, sales, tmp_path, remote_runner)

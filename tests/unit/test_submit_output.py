@@ -1,0 +1,49 @@
+"""Reading spark-submit driver output (pure logic; the real submissions are in tests/spark/test_cluster_modes.py).
+
+SparkSubmitHook keeps only the last lines of the driver log for its error message; a conflict
+logged early (the typical case: the stack trace is followed by shutdown noise) must still be found.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from airflow_delta_occ.hooks.delta import _submit_hook_class
+from airflow_delta_occ.retry import ConflictKind
+from airflow_delta_occ.spark.runner import RESULT_PREFIX
+
+pytestmark = pytest.mark.unit
+
+CONFLICT_LINE = ("pyspark.errors.exceptions.captured.AnalysisException: [DELTA_CONCURRENT_APPEND.WITH_PARTITION_HINT] "
+                 "ConcurrentAppendException: Files were added to partition [country=DE] by a concurrent update.")
+NOISE = [f"26/11/23 05:00:{i:02d} INFO ShutdownHookManager: Deleting directory /tmp/spark-{i}" for i in range(40)]
+
+
+@pytest.fixture
+def hook(monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[1]"}))
+    return _submit_hook_class()(application="runner.py", conn_id="spark_default")
+
+
+def test_conflict_far_above_the_tail_is_classified(hook: Any) -> None:
+    lines = ["Traceback (most recent call last):", CONFLICT_LINE, *NOISE]
+    hook._process_spark_submit_log(iter(line + "\n" for line in lines))
+    assert hook.conflict is ConflictKind.APPEND
+    assert hook.result is None
+
+
+def test_result_line_is_read_wherever_it_is(hook: Any) -> None:
+    result = {"status": "conflict", "conflict": "ConcurrentDeleteReadException", "attempts": 3}
+    lines = [*NOISE[:5], RESULT_PREFIX + json.dumps(result), *NOISE]
+    hook._process_spark_submit_log(iter(line + "\n" for line in lines))
+    assert hook.result == result
+    assert hook.conflict is None
+
+
+def test_unrelated_failure_is_not_a_conflict(hook: Any) -> None:
+    lines = ["java.io.FileNotFoundException: /data/missing.parquet", *NOISE]
+    hook._process_spark_submit_log(iter(line + "\n" for line in lines))
+    assert hook.conflict is None and hook.result is None

@@ -13,6 +13,10 @@ class DeltaJobError(DeltaOccError):
     """A Delta job cannot be built or did not complete."""
 
 
+class ProviderConfigError(DeltaJobError):
+    """An option of the ``[delta_occ]`` config section cannot be used."""
+
+
 class JobSpecError(DeltaJobError):
     """The job description is incomplete or contradictory (raised before Spark starts)."""
 

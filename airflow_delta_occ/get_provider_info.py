@@ -46,9 +46,14 @@ def get_provider_info() -> dict[str, Any]:
                         "version_added": "0.1.0", "type": "string", "example": "spark-submit",
                         "default": "embedded",
                     },
-                    "append_max_attempts": {
-                        "description": "In-job attempts on ConcurrentAppendException before the task fails.",
-                        "version_added": "0.1.0", "type": "integer", "example": "8", "default": "5",
+                    "conflict_policies": {
+                        "description": ("Platform defaults for the typed conflict policies, as JSON keyed by "
+                                        "exception name; a task's conflict_policies= overrides them field "
+                                        "by field."),
+                        "version_added": "0.1.0", "type": "string",
+                        "example": '{"ConcurrentAppendException": {"max_attempts": 8, "initial_delay": 2}, '
+                                   '"MetadataChangedException": "fail"}',
+                        "default": "",
                     },
                 },
             }

@@ -180,8 +180,49 @@ OPTIMIZE_POLICIES: Mapping[ConflictKind, ConflictPolicy] = {
 }
 
 
+def conflict_kind_for(key: str) -> ConflictKind:
+    """The conflict an override key names: the exception name or Delta's error class.
+
+    Raises:
+        ValueError: the key names no conflict.
+    """
+    kind = _BY_NAME.get(key) or _ERROR_CLASS.get(key)
+    if kind is None:
+        raise ValueError(f"unknown conflict {key!r}; expected one of {', '.join(_BY_NAME)}")
+    return kind
+
+
+PolicyOverride = Mapping[str, Any] | ConflictPolicy | str
+
+
+def layer_overrides(*layers: Mapping[str, PolicyOverride] | None) -> dict[str, dict[str, Any]]:
+    """Per-exception overrides combined field by field, later layers winning, as plain JSON data.
+
+    Platform defaults (``[delta_occ] conflict_policies``) sit under a task's ``conflict_policies=``,
+    so a task that only shortens the delay keeps the platform's attempt count. Keys become exception
+    names, so ``DELTA_CONCURRENT_APPEND`` and ``ConcurrentAppendException`` address one policy.
+
+    Raises:
+        ValueError: an unknown exception name, action or field.
+    """
+    merged: dict[str, dict[str, Any]] = {}
+    for layer in layers:
+        for key, value in (layer or {}).items():
+            if isinstance(value, ConflictPolicy):
+                fields: dict[str, Any] = {**vars(value), "action": value.action.value}
+            elif isinstance(value, str):
+                fields = {"action": value}
+            elif isinstance(value, Mapping):
+                fields = dict(value)
+            else:
+                raise ValueError(f"bad policy for {key}: expected an action name or a mapping, got {value!r}")
+            merged.setdefault(conflict_kind_for(key).value, {}).update(fields)
+    resolve_policies({}, merged)  # every field and action is checked here, before any job runs
+    return merged
+
+
 def resolve_policies(base: Mapping[ConflictKind, ConflictPolicy],
-                     overrides: Mapping[str, Mapping[str, Any] | ConflictPolicy | str] | None = None,
+                     overrides: Mapping[str, PolicyOverride] | None = None,
                      ) -> dict[ConflictKind, ConflictPolicy]:
     """Merge overrides keyed by exception name (``"ConcurrentAppendException"``) or error class.
 
@@ -192,22 +233,20 @@ def resolve_policies(base: Mapping[ConflictKind, ConflictPolicy],
     """
     policies = dict(base)
     for key, value in (overrides or {}).items():
-        kind = _BY_NAME.get(key) or _ERROR_CLASS.get(key)
-        if kind is None:
-            raise ValueError(f"unknown conflict {key!r}; expected one of {', '.join(_BY_NAME)}")
+        kind = conflict_kind_for(key)
         current = policies.get(kind, ConflictPolicy())
-        if isinstance(value, ConflictPolicy):
-            policies[kind] = value
-        elif isinstance(value, str):
-            policies[kind] = replace(current, action=Action(value))
-        else:
-            fields = dict(value)
-            if "action" in fields:
-                fields["action"] = Action(fields["action"])
-            try:
+        try:
+            if isinstance(value, ConflictPolicy):
+                policies[kind] = value
+            elif isinstance(value, str):
+                policies[kind] = replace(current, action=Action(value))
+            else:
+                fields = dict(value)
+                if "action" in fields:
+                    fields["action"] = Action(fields["action"])
                 policies[kind] = replace(current, **fields)
-            except TypeError as exc:
-                raise ValueError(f"bad policy for {key}: {exc}") from exc
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"bad policy for {key}: {exc}") from exc
     return policies
 
 

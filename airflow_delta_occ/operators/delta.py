@@ -23,11 +23,12 @@ from airflow_delta_occ.exceptions import (
     ConflictSkipped,
     JobSpecError,
     MissingPartitionConstraintError,
+    ProviderConfigError,
 )
 from airflow_delta_occ.hooks.delta import DeltaSparkHook
 from airflow_delta_occ.jobspec import JobSpec, MergeClause, RunIdentity, SourceRef, TableRef
 from airflow_delta_occ.partitions import PartitionFilter, build_partition_filter, checked_sql, conjoin
-from airflow_delta_occ.retry import resolve_policies
+from airflow_delta_occ.retry import layer_overrides
 from airflow_delta_occ.retry_policy import DeltaConflictRetryPolicy
 
 
@@ -57,8 +58,10 @@ class DeltaBaseOperator(BaseOperator):
                  spark_conf: Mapping[str, str] | None = None, idempotent: bool = True, **kwargs: Any) -> None:
         if (table is None) == (table_name is None):
             raise JobSpecError(f"{type(self).__name__} needs exactly one of table= (path) or table_name=")
-        self._policy_overrides = dict(conflict_policies or {})
-        resolve_policies({}, self._policy_overrides)  # fail at DAG parse time on a bad override
+        try:  # fail at DAG parse time on a bad override
+            self._policy_overrides = layer_overrides(conflict_policies)
+        except ValueError as exc:
+            raise JobSpecError(f"conflict_policies: {exc}") from exc
         kwargs.setdefault("retry_policy", DeltaConflictRetryPolicy())
         super().__init__(**kwargs)
         self.table = table
@@ -144,11 +147,28 @@ class DeltaBaseOperator(BaseOperator):
         return TableRef(path=self.table) if self.table is not None else TableRef(name=self.table_name)
 
     def _common(self, snapshot: Snapshot, run: RunIdentity) -> dict[str, Any]:
-        from airflow.sdk import conf
-
-        appends = conf.getint("delta_occ", "append_max_attempts", fallback=5)
-        policies = {"ConcurrentAppendException": {"max_attempts": appends}, **self._policy_overrides}
+        policies = layer_overrides(configured_policies(), self._policy_overrides)
         return {"target": self._target(), "run": run, "idempotent": self.idempotent, "retry_policies": policies}
+
+
+def configured_policies() -> dict[str, dict[str, Any]]:
+    """The platform's defaults: ``[delta_occ] conflict_policies``, JSON in the operator's format.
+
+    Raises:
+        ProviderConfigError: the option is not JSON, or names an unknown conflict, action or field.
+    """
+    from airflow.sdk import conf
+
+    text = conf.get("delta_occ", "conflict_policies", fallback="") or ""
+    if not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+        if not isinstance(value, dict):
+            raise ValueError("expected a JSON object keyed by exception name")
+        return layer_overrides(value)
+    except ValueError as exc:  # json.JSONDecodeError is a ValueError
+        raise ProviderConfigError(f"[delta_occ] conflict_policies: {exc}") from exc
 
 
 def _source(source: str | None, source_table: str | None, source_query: str | None, source_format: str

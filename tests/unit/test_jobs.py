@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 
 import pytest
 from airflow.sdk.definitions.retry_policy import RetryAction
@@ -101,3 +102,38 @@ def test_airflow_retry_policy():
     assert policy.evaluate(TableNotFoundError("/t"), 1, 3).action is RetryAction.FAIL
     assert policy.evaluate(PartitionSpecError("bad"), 1, 3).action is RetryAction.FAIL
     assert policy.evaluate(ConnectionError("network"), 1, 3).action is RetryAction.DEFAULT
+
+
+def test_platform_policies_come_from_config_and_tasks_override_them(monkeypatch):
+    from airflow_delta_occ.operators.delta import DeltaDeleteOperator, configured_policies
+
+    monkeypatch.setenv("AIRFLOW__DELTA_OCC__CONFLICT_POLICIES", json.dumps(
+        {"ConcurrentAppendException": {"max_attempts": 9, "initial_delay": 2}, "MetadataChangedException": "fail"}))
+    assert configured_policies()["MetadataChangedException"] == {"action": "fail"}
+    op = DeltaDeleteOperator(task_id="d", table="/lake/t", where="id = 1",
+                             conflict_policies={"ConcurrentAppendException": {"initial_delay": 0.5}})
+    spec_policies = op._common(None, RunIdentity("d", "t", "r"))["retry_policies"]
+    assert spec_policies["ConcurrentAppendException"] == {"max_attempts": 9, "initial_delay": 0.5}
+    assert spec_policies["MetadataChangedException"] == {"action": "fail"}
+
+
+@pytest.mark.parametrize(("value", "problem"), [
+    ("{not json", "Expecting property name"),
+    ('["ConcurrentAppendException"]', "JSON object"),
+    ('{"ConcurrentAppend": "retry"}', "unknown conflict 'ConcurrentAppend'"),
+    ('{"ConcurrentAppendException": {"max_attempts": -1}}', "invalid conflict policy"),
+])
+def test_bad_platform_policies_are_a_typed_error_naming_the_option(monkeypatch, value, problem):
+    from airflow_delta_occ.exceptions import ProviderConfigError
+    from airflow_delta_occ.operators.delta import configured_policies
+
+    monkeypatch.setenv("AIRFLOW__DELTA_OCC__CONFLICT_POLICIES", value)
+    with pytest.raises(ProviderConfigError, match=r"\[delta_occ\] conflict_policies: .*" + re.escape(problem)):
+        configured_policies()
+
+
+def test_bad_task_policies_fail_when_the_dag_is_parsed():
+    from airflow_delta_occ.operators.delta import DeltaDeleteOperator
+
+    with pytest.raises(JobSpecError, match="conflict_policies: unknown conflict 'ConcurrentAppend'"):
+        DeltaDeleteOperator(task_id="d", table="/lake/t", conflict_policies={"ConcurrentAppend": "skip"})

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -17,6 +19,7 @@ from airflow_delta_occ.retry import (
     ConflictPolicy,
     RetryOutcome,
     classify_conflict,
+    layer_overrides,
     resolve_policies,
     run_with_policies,
 )
@@ -156,6 +159,24 @@ def test_policy_overrides_are_validated():
         resolve_policies(DEFAULT_POLICIES, {"ConcurrentAppendException": {"tries": 3}})
     with pytest.raises(ValueError):
         ConflictPolicy(max_attempts=0)
+
+
+def test_platform_and_task_overrides_layer_field_by_field():
+    platform = {"DELTA_CONCURRENT_APPEND": {"max_attempts": 9, "initial_delay": 2.0},
+                "MetadataChangedException": "fail"}
+    task = {"ConcurrentAppendException": {"initial_delay": 0.5}, "MetadataChangedException": {"action": "retry"}}
+    layered = layer_overrides(platform, task)
+    assert layered == {"ConcurrentAppendException": {"max_attempts": 9, "initial_delay": 0.5},
+                       "MetadataChangedException": {"action": "retry"}}
+    policies = resolve_policies(DEFAULT_POLICIES, layered)
+    assert policies[ConflictKind.APPEND] == replace(DEFAULT_POLICIES[ConflictKind.APPEND], max_attempts=9,
+                                                    initial_delay=0.5)
+    assert json.loads(json.dumps(layer_overrides({"ConcurrentDeleteDeleteException": ConflictPolicy(Action.SKIP)})))[
+        "ConcurrentDeleteDeleteException"]["action"] == "skip"  # plain JSON for the JobSpec
+    for bad in ({"ConcurrentAppend": "retry"}, {"ConcurrentAppendException": 3},
+                {"ConcurrentAppendException": {"max_attempts": 0}}, {"ConcurrentAppendException": "sometimes"}):
+        with pytest.raises(ValueError, match="ConcurrentAppend"):
+            layer_overrides(bad)
 
 
 def test_jitter_stays_in_bounds():

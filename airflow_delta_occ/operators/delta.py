@@ -10,6 +10,7 @@ run time, and the final condition that ran) is the task's XCom return value.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -113,6 +114,7 @@ class DeltaBaseOperator(BaseOperator):
 
     # -- running ----------------------------------------------------------------------------------
     def execute(self, context: Any) -> dict[str, Any]:
+        started = time.monotonic()
         hook = self._hook()
         location = self._location(hook)
         snapshot = DeltaLog.for_table(location).snapshot()  # TableNotFoundError before Spark starts
@@ -123,6 +125,7 @@ class DeltaBaseOperator(BaseOperator):
         except ConflictSkipped as exc:
             raise AirflowSkipException(str(exc)) from exc
         result["confirmed"] = self._confirm(location, spec, result)
+        result["task_seconds"] = round(time.monotonic() - started, 3)  # with Spark start-up or submission
         self.log.info("committed version %s after %s attempt(s), conflicts: %s", result.get("version"),
                       result.get("attempts"), [c["kind"] for c in result.get("conflicts", [])])
         return result

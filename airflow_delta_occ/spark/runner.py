@@ -194,7 +194,8 @@ def run_job(spark: Any, spec: JobSpec, *, sleep: Any = time.sleep) -> dict[str, 
                           outcome=outcome, sleep=sleep)
     finally:
         result.update(attempts=outcome.attempts, conflicts=[vars(c) for c in outcome.conflicts],
-                      run_seconds=round(time.monotonic() - started, 3))
+                      run_seconds=round(time.monotonic() - started, 3),
+                      wait_seconds=round(sum(c.delay for c in outcome.conflicts if c.action == "retry"), 3))
     commit = find_commit(session, spec, int(before))
     result["version"] = commit["version"] if commit else None
     result["metrics"] = commit["metrics"] if commit else {}

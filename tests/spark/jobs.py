@@ -96,11 +96,13 @@ def check_overlapping_merges(spark: Any, sales: str, tmp_path: Any, run_a: JobRu
     """Two MERGEs into one partition: A retries its ConcurrentAppendException to the serial result."""
     a_src = source(spark, tmp_path, "a", [(1, 100, "2024-01-01", "DE"), (5, 5, "2024-01-01", "DE")])
     b_src = source(spark, tmp_path, "b", [(1, 200, "2024-01-01", "DE"), (6, 6, "2024-01-01", "DE")])
-    race, results = race_merges(spark, sales, a_src, b_src, "DE", "DE", {"ConcurrentAppendException": FAST},
+    backoff = {**FAST, "initial_delay": 0.25}
+    race, results = race_merges(spark, sales, a_src, b_src, "DE", "DE", {"ConcurrentAppendException": backoff},
                                 run_a=run_a)
     assert race.a_error is None and race.b_error is None
     assert results["a"]["attempts"] == 2
     assert results["a"]["conflicts"][0]["kind"] == "ConcurrentAppendException"
+    assert results["a"]["wait_seconds"] == 0.25 and results["a"]["run_seconds"] > 0.25
     # Serial order: B, then A (A's retry re-read the table B changed, with the source read once).
     assert rows(spark, sales) == [(1, 100, "DE"), (2, 0, "DE"), (3, 0, "FR"), (4, 0, "FR"), (5, 5, "DE"),
                                   (6, 6, "DE")]

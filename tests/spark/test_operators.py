@@ -36,6 +36,7 @@ def test_merge_injects_typed_partition_predicate(spark: Any, sales: str, tmp_pat
     assert result["condition"] == ("(t.id = s.id AND t.country = s.country) AND (`t`.`date` = DATE'2024-01-01' "
                                    "AND `t`.`country` = 'DE')")
     assert result["confirmed"] and result["attempts"] == 1 and result["version"] == 2
+    assert result["task_seconds"] >= result["run_seconds"] > 0 and result["wait_seconds"] == 0
     assert int(result["metrics"]["numTargetRowsUpdated"]) == 1 and int(result["metrics"]["numTargetRowsInserted"]) == 1
     assert rows(spark, sales) == [(1, 10, "DE"), (2, 0, "DE"), (3, 0, "FR"), (4, 0, "FR"), (9, 90, "DE")]
 

@@ -67,10 +67,20 @@ class DeltaSparkHook(BaseHook):
 
     def table_location(self, name: str) -> str:
         """The storage location of a catalog table (so the engine can read its log)."""
+        from airflow_delta_occ.engine.errors import TableNotFoundError
         from airflow_delta_occ.engine.sql_parser import render_identifier
 
         quoted = ".".join(render_identifier(part) for part in name.split("."))
-        row = self.get_spark().sql(f"DESCRIBE DETAIL {quoted}").collect()[0]
+        spark = self.get_spark()
+        try:
+            row = spark.sql(f"DESCRIBE DETAIL {quoted}").collect()[0]
+        except Exception as exc:  # AnalysisException (classic or Connect): no such table
+            raise TableNotFoundError(name, str(exc).strip().splitlines()[0]) from exc
+        finally:
+            if self.mode == "connect":
+                spark.stop()
+        if str(row["format"]).lower() != "delta":
+            raise TableNotFoundError(name, f"the catalog table is {row['format']}, not Delta")
         return str(row["location"])
 
     # -- running ----------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 import uuid
@@ -239,6 +240,18 @@ def _active(session: Any) -> Iterator[None]:
         holder.session = previous
 
 
+def _forget_inherited_connect_client() -> None:
+    """Drop Spark Connect client state inherited from the process that ran ``spark-submit``.
+
+    Once an Airflow worker has opened a Spark Connect session, pyspark leaves
+    ``SPARK_CONNECT_MODE_ENABLED`` (and possibly ``SPARK_REMOTE``) in its environment, and every
+    ``spark-submit`` it starts inherits them; the submitted runner's ``getOrCreate()`` would then look
+    for a Connect server instead of using the driver spark-submit just started.
+    """
+    for name in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE"):
+        os.environ.pop(name, None)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run one airflow-delta-occ JobSpec with delta-spark")
     group = parser.add_mutually_exclusive_group(required=True)
@@ -259,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from pyspark.sql import SparkSession
 
+        _forget_inherited_connect_client()
         spark = SparkSession.builder.getOrCreate()
     status, payload = "success", {}
     try:

@@ -55,6 +55,34 @@ def test_update_delete_optimize_overwrite(spark: Any, sales: str, tmp_path: Any)
     assert rows(spark, sales) == [(1, 0, "DE"), (7, 7, "FR")]
 
 
+def test_catalog_target_with_table_and_query_sources(spark: Any, sales: str, tmp_path: Any) -> None:
+    name = f"sales_{tmp_path.name[-12:].replace('-', '_')}"
+    spark.sql(f"CREATE TABLE default.{name} USING delta LOCATION '{sales}'")
+    src = source(spark, tmp_path, "src", [(1, 10, "2024-01-01", "DE"), (9, 90, "2024-01-01", "DE")])
+    spark.sql(f"CREATE TABLE default.{name}_src USING delta LOCATION '{src}'")
+    by_table = DeltaMergeOperator(task_id="m1", table_name=f"default.{name}", source_table=f"default.{name}_src",
+                                  merge_condition="t.id = s.id", partitions={"date": "2024-01-01", "country": "DE"},
+                                  clauses=[{"kind": "matched_update", "set": {"v": "s.v"}}])
+    result = by_table.execute(context("m1"))
+    assert result["confirmed"] and result["table"] == f"default.{name}"
+    by_query = DeltaMergeOperator(task_id="m2", table_name=f"default.{name}",
+                                  source_query=f"SELECT id, v * 2 AS v, date, country FROM default.{name}_src",
+                                  merge_condition="t.id = s.id", partitions={"date": "2024-01-01", "country": "DE"},
+                                  clauses=[{"kind": "not_matched_insert_all"}])
+    assert by_query.execute(context("m2"))["confirmed"]
+    assert rows(spark, sales) == [(1, 10, "DE"), (2, 0, "DE"), (3, 0, "FR"), (4, 0, "FR"), (9, 180, "DE")]
+    version = DeltaLog.for_table(sales).latest_version()
+    with pytest.raises(TableNotFoundError, match="no_such_table"):
+        DeltaMergeOperator(task_id="m3", table_name="default.no_such_table", source=src,
+                           merge_condition="t.id = s.id").execute(context("m3"))
+    parquet = str(tmp_path / "plain")
+    spark.range(3).write.parquet(parquet)
+    spark.sql(f"CREATE TABLE default.{name}_pq USING parquet LOCATION '{parquet}'")
+    with pytest.raises(TableNotFoundError, match="not Delta"):
+        DeltaDeleteOperator(task_id="d", table_name=f"default.{name}_pq", where="id = 1").execute(context("d"))
+    assert DeltaLog.for_table(sales).latest_version() == version
+
+
 def test_bad_input_is_refused_before_spark_and_changes_nothing(spark: Any, sales: str, tmp_path: Any,
                                                               capfd: Any) -> None:
     src = source(spark, tmp_path, "src", [(1, 10, "2024-01-01", "DE")])

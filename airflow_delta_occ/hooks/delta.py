@@ -11,10 +11,11 @@ run in an embedded local Spark session, the default for a laptop or a single wor
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from airflow.sdk import BaseHook
@@ -25,6 +26,7 @@ from airflow_delta_occ.jobspec import JobSpec
 from airflow_delta_occ.retry import ConflictFailure, ConflictKind, classify_conflict
 
 MODES = ("embedded", "spark-submit", "connect")
+CONNECT_MODE_FLAG = "SPARK_CONNECT_MODE_ENABLED"  # set process-wide by pyspark's Connect client
 
 
 class DeltaSparkHook(BaseHook):
@@ -52,18 +54,43 @@ class DeltaSparkHook(BaseHook):
 
     # -- sessions ---------------------------------------------------------------------------------
     def get_spark(self) -> Any:
-        """A SparkSession for embedded or Connect mode."""
+        """A SparkSession for embedded or Connect mode (a new Connect session on every call)."""
         if self.mode == "connect":
             from pyspark.sql import SparkSession
 
             url = self.extras.get("connect_url") or os.environ.get("SPARK_REMOTE")
             if not url:
                 raise DeltaJobError("connect mode needs connect_url in the connection extras (sc://host:15002)")
-            return SparkSession.builder.remote(url).create()  # a private session per job
+            return SparkSession.builder.remote(url).create()
         from airflow_delta_occ.spark.session import local_delta_session
 
         return local_delta_session("airflow-delta-occ", master=self.extras.get("master", "local[2]"),
                                    conf=self.spark_conf)
+
+    @contextlib.contextmanager
+    def job_session(self) -> Iterator[Any]:
+        """The session one job runs in; a Connect session is private to the job and closed after it.
+
+        Opening a Connect session makes pyspark set ``SPARK_CONNECT_MODE_ENABLED`` for the whole
+        process, after which a classic session (the embedded mode) cannot start and ``spark-submit``
+        children inherit the flag. The worker is left as it was found, so modes can be mixed in one
+        process (``airflow dags test`` runs every task in one).
+        """
+        if self.mode != "connect":
+            yield self.get_spark()
+            return
+        flag_before = os.environ.get(CONNECT_MODE_FLAG)
+        spark = self.get_spark()
+        try:
+            yield spark
+        finally:
+            try:
+                spark.stop()  # releases the server-side session and the job's cached source
+            finally:
+                if flag_before is None:
+                    os.environ.pop(CONNECT_MODE_FLAG, None)
+                else:
+                    os.environ[CONNECT_MODE_FLAG] = flag_before
 
     def table_location(self, name: str) -> str:
         """The storage location of a catalog table (so the engine can read its log)."""
@@ -71,14 +98,11 @@ class DeltaSparkHook(BaseHook):
         from airflow_delta_occ.engine.sql_parser import render_identifier
 
         quoted = ".".join(render_identifier(part) for part in name.split("."))
-        spark = self.get_spark()
-        try:
-            row = spark.sql(f"DESCRIBE DETAIL {quoted}").collect()[0]
-        except Exception as exc:  # AnalysisException (classic or Connect): no such table
-            raise TableNotFoundError(name, str(exc).strip().splitlines()[0]) from exc
-        finally:
-            if self.mode == "connect":
-                spark.stop()
+        with self.job_session() as spark:
+            try:
+                row = spark.sql(f"DESCRIBE DETAIL {quoted}").collect()[0]
+            except Exception as exc:  # AnalysisException (classic or Connect): no such table
+                raise TableNotFoundError(name, str(exc).strip().splitlines()[0]) from exc
         if str(row["format"]).lower() != "delta":
             raise TableNotFoundError(name, f"the catalog table is {row['format']}, not Delta")
         return str(row["location"])
@@ -90,13 +114,8 @@ class DeltaSparkHook(BaseHook):
             return self._submit(spec)
         from airflow_delta_occ.spark.runner import run_job
 
-        spark = self.get_spark()
-        if self.mode != "connect":
+        with self.job_session() as spark:
             return run_job(spark, spec)
-        try:
-            return run_job(spark, spec)
-        finally:
-            spark.stop()  # releases the server-side session and its cached source at once
 
     def _submit(self, spec: JobSpec) -> dict[str, Any]:
         from airflow_delta_occ.spark import runner

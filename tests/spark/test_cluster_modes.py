@@ -25,7 +25,7 @@ import pytest
 
 from airflow_delta_occ.demo import free_port
 from airflow_delta_occ.engine import DeltaLog
-from airflow_delta_occ.hooks.delta import DeltaSparkHook
+from airflow_delta_occ.hooks.delta import CONNECT_MODE_FLAG, DeltaSparkHook
 from airflow_delta_occ.jobspec import JobSpec
 from airflow_delta_occ.spark.session import delta_maven_coordinates, ivy_dir
 
@@ -193,8 +193,11 @@ def remote_runner(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
 def test_remote_conflict_is_classified_and_injection_avoids_it(spark: Any, sales: str, tmp_path: Path,
                                                                remote_runner: Any) -> None:
     check_disjoint_merges(spark, sales, tmp_path, remote_runner)
+    # The worker is left as found: embedded and spark-submit jobs can follow in this process.
+    assert CONNECT_MODE_FLAG not in os.environ
 
 
 def test_remote_overlapping_merges_retry_to_the_serial_result(spark: Any, sales: str, tmp_path: Path,
                                                               remote_runner: Any) -> None:
     check_overlapping_merges(spark, sales, tmp_path, remote_runner)
+    assert CONNECT_MODE_FLAG not in os.environ

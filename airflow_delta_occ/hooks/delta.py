@@ -24,9 +24,9 @@ from airflow.sdk.exceptions import AirflowNotFoundException
 from airflow_delta_occ.exceptions import ConflictSkipped, DeltaJobError
 from airflow_delta_occ.jobspec import JobSpec
 from airflow_delta_occ.retry import ConflictFailure, ConflictKind, classify_conflict
+from airflow_delta_occ.spark.session import CONNECT_MODE_FLAG
 
 MODES = ("embedded", "spark-submit", "connect")
-CONNECT_MODE_FLAG = "SPARK_CONNECT_MODE_ENABLED"  # set process-wide by pyspark's Connect client
 
 
 class DeltaSparkHook(BaseHook):

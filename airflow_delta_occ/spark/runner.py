@@ -37,6 +37,7 @@ from airflow_delta_occ.retry import (
     resolve_policies,
     run_with_policies,
 )
+from airflow_delta_occ.spark.session import INHERITED_CONNECT_ENV
 
 RESULT_PREFIX = "DELTA_OCC_RESULT "
 EXIT_CODES = {"success": 0, "error": 1, "conflict": 75, "skipped": 76, "bad_spec": 64}
@@ -212,10 +213,11 @@ def _private_session(spark: Any) -> Any:
     Spark Connect sessions cannot spawn siblings, but each Connect client session is already
     private (the hook creates one per job).
     """
-    try:
-        return spark.newSession()
-    except Exception:
-        return spark
+    return spark if _is_connect(spark) else spark.newSession()
+
+
+def _is_connect(session: Any) -> bool:
+    return type(session).__module__.startswith("pyspark.sql.connect")
 
 
 @contextlib.contextmanager
@@ -229,7 +231,7 @@ def _active(session: Any) -> Iterator[None]:
     sessions are unaffected and left alone.
     """
     holder = getattr(type(session), "_active_session", None)
-    if not type(session).__module__.startswith("pyspark.sql.connect") or holder is None:
+    if not _is_connect(session) or holder is None:
         yield
         return
     previous = getattr(holder, "session", None)
@@ -248,7 +250,7 @@ def _forget_inherited_connect_client() -> None:
     ``spark-submit`` it starts inherits them; the submitted runner's ``getOrCreate()`` would then look
     for a Connect server instead of using the driver spark-submit just started.
     """
-    for name in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE"):
+    for name in INHERITED_CONNECT_ENV:
         os.environ.pop(name, None)
 
 

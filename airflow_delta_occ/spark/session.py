@@ -22,6 +22,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+# pyspark's Connect client marks the whole process with these; classic sessions and spark-submit
+# children started afterwards would take the Connect path.
+CONNECT_MODE_FLAG = "SPARK_CONNECT_MODE_ENABLED"
+INHERITED_CONNECT_ENV = (CONNECT_MODE_FLAG, "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")
+
 IVY_DIR_ENV = "DELTA_OCC_IVY_DIR"
 DEFAULT_IVY_DIR = os.path.join(os.path.expanduser("~"), ".cache", "airflow-delta-occ", "ivy")
 

@@ -62,7 +62,7 @@ def merge_spec(table: str, src: str, country: str | None, run_id: str, policies:
 
 
 def race_merges(spark: Any, table: str, a_src: str, b_src: str, a_country: str | None, b_country: str | None,
-         policies: dict[str, Any], *, run_a: JobRunner = run_job) -> tuple[Interleaved, dict[str, Any]]:
+                policies: dict[str, Any], *, run_a: JobRunner = run_job) -> tuple[Interleaved, dict[str, Any]]:
     """MERGE A (through ``run_a``) held at its commit while MERGE B commits in this process."""
     results: dict[str, Any] = {}
 

@@ -25,9 +25,9 @@ import pytest
 
 from airflow_delta_occ.demo import free_port
 from airflow_delta_occ.engine import DeltaLog
-from airflow_delta_occ.hooks.delta import CONNECT_MODE_FLAG, DeltaSparkHook
+from airflow_delta_occ.hooks.delta import DeltaSparkHook
 from airflow_delta_occ.jobspec import JobSpec
-from airflow_delta_occ.spark.session import delta_maven_coordinates, ivy_dir
+from airflow_delta_occ.spark.session import CONNECT_MODE_FLAG, delta_submit_conf
 
 from .differential.harness import gate_session_conf
 from .jobs import check_disjoint_merges, check_overlapping_merges
@@ -107,13 +107,11 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
     """A Spark Connect server with delta-spark and the gate LogStore, as a platform team would run one."""
     logs = tmp_path_factory.mktemp("connect")
     port, ui = free_port(), free_port()
-    confs = {**gate_session_conf(), "spark.jars.ivy": ivy_dir(), CONNECT_MARKER[0]: CONNECT_MARKER[1],
+    confs = {**delta_submit_conf(), **gate_session_conf(), CONNECT_MARKER[0]: CONNECT_MARKER[1],
              "spark.connect.grpc.binding.address": "127.0.0.1", "spark.connect.grpc.binding.port": str(port),
-             "spark.ui.port": str(ui), "spark.sql.session.timeZone": "UTC",
-             "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
-             "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog"}
+             "spark.ui.port": str(ui)}
     args = [str(BIN / "spark-submit"), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
-            "--master", "local[2]", "--packages", delta_maven_coordinates()]
+            "--master", "local[2]"]
     for key, value in confs.items():
         args += ["--conf", f"{key}={value}"]
     server = _spawn([*args, "spark-internal"], _spark_env(logs), logs / "server.log")

@@ -43,3 +43,35 @@ class ConflictSkipped(DeltaJobError):
 
 class CommitNotConfirmedError(DeltaJobError):
     """Spark reported success but the Delta log shows no commit tagged with this run."""
+
+
+class SourceOutsidePartitionsError(JobSpecError):
+    """Source rows would be written outside ``partitions=`` (raised before anything is written).
+
+    ``count`` is the number of such rows and ``samples`` a few of their partition values. Pass
+    ``source_outside_partitions="drop"`` to leave them out instead (the result counts them).
+    """
+
+    def __init__(self, message: str, *, count: int | None = None,
+                 samples: tuple[dict[str, object], ...] = ()) -> None:
+        super().__init__(message)
+        self.count = count
+        self.samples = samples
+
+
+def rejection_from_name(name: str, message: str) -> DeltaJobError:
+    """Rebuild a refusal the runner reported by class name (spark-submit mode), as the same class.
+
+    Only the job layer's input errors travel this way; their constructors take the message alone.
+    Anything else becomes a ``JobSpecError`` that names the original class.
+    """
+    for cls in _REJECTIONS:
+        if cls.__name__ == name:
+            return cls(message)
+    return JobSpecError(f"{name}: {message}")
+
+
+_REJECTIONS: tuple[type[DeltaJobError], ...] = (
+    JobSpecError, PartitionSpecError, MissingPartitionConstraintError, UnsafeExpressionError, SourceNotFoundError,
+    SourceOutsidePartitionsError,
+)

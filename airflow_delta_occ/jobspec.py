@@ -46,6 +46,10 @@ class SourceRef:
     def __post_init__(self) -> None:
         if sum(x is not None for x in (self.path, self.table, self.query)) != 1:
             raise JobSpecError("a source is given by exactly one of path, table or query")
+        if self.query is not None:
+            from .queries import check_source_query
+
+            check_source_query(self.query)
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,12 @@ class JobSpec:
     source_alias: str = "s"
     retry_policies: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     idempotent: bool = True
+    # Rows of the source must write inside the partitions: ``source_check`` is TRUE for a source row
+    # (under ``source_alias``) that does; ``source_values`` are the partition values a row writes
+    # (shown for offending rows); ``source_outside`` says whether others fail the job or are dropped.
+    source_check: str | None = None
+    source_values: Mapping[str, str] = field(default_factory=dict)
+    source_outside: str = "fail"
 
     def __post_init__(self) -> None:
         if self.operation not in OPERATIONS:
@@ -129,14 +139,20 @@ class JobSpec:
             raise JobSpecError("update needs a set mapping")
         if self.operation == "overwrite_partitions" and not self.partition_filter:
             raise JobSpecError("overwrite_partitions needs partitions (it becomes replaceWhere)")
+        if self.source_outside not in ("fail", "drop"):
+            raise JobSpecError(f"source_outside must be 'fail' or 'drop', got {self.source_outside!r}")
+        if self.source_check is not None and self.source is None:
+            raise JobSpecError("source_check needs a source")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> JobSpec:
-        d = json.loads(text)
         try:
+            d = json.loads(text)
+            if not isinstance(d, dict):
+                raise TypeError("a JobSpec is a JSON object")
             return cls(
                 operation=d["operation"], target=TableRef(**d["target"]), run=RunIdentity(**d["run"]),
                 source=SourceRef(**d["source"]) if d.get("source") else None, condition=d.get("condition"),
@@ -144,7 +160,8 @@ class JobSpec:
                 clauses=tuple(MergeClause(**c) for c in d.get("clauses") or ()),
                 zorder_by=tuple(d.get("zorder_by") or ()), target_alias=d.get("target_alias", "t"),
                 source_alias=d.get("source_alias", "s"), retry_policies=d.get("retry_policies") or {},
-                idempotent=d.get("idempotent", True),
+                idempotent=d.get("idempotent", True), source_check=d.get("source_check"),
+                source_values=d.get("source_values") or {}, source_outside=d.get("source_outside", "fail"),
             )
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, AttributeError, ValueError, RecursionError) as exc:
             raise JobSpecError(f"not a valid JobSpec: {exc}") from exc

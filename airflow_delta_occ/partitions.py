@@ -6,20 +6,56 @@ partitions out as literals, typed by the table's own schema, makes concurrent jo
 partitions disjoint. Values never reach SQL as text from the DAG: each is parsed as the column's
 type first and rendered back by the engine's literal renderer, so a quote or a comment in a value
 is data, not syntax.
+
+Conditions from the DAG (``where=``, ``merge_condition=``, clause conditions, ``set`` values) never
+reach SQL as text either: ``parse_expression`` parses them completely and the statement is rendered
+from the tree, so the injected partition predicate is always a top-level conjunct.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from airflow_delta_occ.engine.errors import InvalidLiteralError, PredicateError
+from airflow_delta_occ.engine.expressions import Expr
 from airflow_delta_occ.engine.schema import StructType
-from airflow_delta_occ.engine.sql_parser import parse_predicate, render_identifier, render_literal
+from airflow_delta_occ.engine.sql_parser import parse_predicate, render_identifier, render_literal, to_sql
 from airflow_delta_occ.engine.values import coerce_literal
 
 from .exceptions import PartitionSpecError, UnsafeExpressionError
+
+
+class _NullPartition:
+    """The explicit request for the NULL partition of a column (see ``NULL_PARTITION``)."""
+
+    _instance: _NullPartition | None = None
+
+    def __new__(cls) -> _NullPartition:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "NULL_PARTITION"
+
+    def __reduce__(self) -> str:
+        return "NULL_PARTITION"
+
+
+NULL_PARTITION = _NullPartition()
+"""``partitions={"country": NULL_PARTITION}`` targets the rows whose ``country`` is NULL.
+
+A plain ``None`` is refused: it is what a template renders when a value is missing
+(``{{ dag_run.conf.get('country') }}`` with native rendering), and it would silently target the
+NULL partition instead of the one the author meant.
+"""
+
+# What a template renders when its value is missing; never taken as a partition value.
+_EMPTY_RENDERINGS = frozenset({"", "none", "null"})
+MAX_PARTITION_VALUES = 10_000
 
 
 @dataclass(frozen=True)
@@ -37,9 +73,14 @@ class PartitionFilter:
 
     def to_sql(self, alias: str | None = None) -> str:
         """``t.`date` = DATE'2024-01-01' AND t.`country` IN ('DE', 'FR')`` (empty when unconstrained)."""
+        prefix = f"{render_identifier(alias)}." if alias else ""
+        return self.over({name: prefix + render_identifier(name) for name, _ in self.values})
+
+    def over(self, operands: Mapping[str, str]) -> str:
+        """The filter with each column replaced by an SQL operand (a source column, an insert value)."""
         parts = []
         for name, options in self.values:
-            column = (f"{render_identifier(alias)}." if alias else "") + render_identifier(name)
+            column = operands[name]
             non_null = [o for o in options if o is not None]
             terms = []
             if len(non_null) == 1:
@@ -52,56 +93,125 @@ class PartitionFilter:
         return " AND ".join(parts)
 
 
+def partitions_mapping(partitions: Any, *, rendered: bool = True) -> Mapping[str, Any] | None:
+    """``partitions=`` as a mapping, checked for shape and for values that rendered to nothing.
+
+    Before rendering (``rendered=False``, at DAG parse time) a Jinja string is accepted as is and
+    string values holding a template are not judged yet.
+
+    Raises:
+        PartitionSpecError: not a mapping (nor a JSON object string), a key that is not a name, a
+            value that is empty, missing (``None``, ``''``, ``'None'``) or not a scalar or list.
+    """
+    if partitions is None:
+        return None
+    if isinstance(partitions, str):
+        if not rendered and "{{" in partitions:
+            return None
+        try:
+            partitions = json.loads(partitions)
+        except (ValueError, RecursionError) as exc:
+            raise PartitionSpecError(f"partitions must be a mapping or a JSON object; got the text "
+                                     f"{_short(partitions)}") from exc
+    if not isinstance(partitions, Mapping):
+        raise PartitionSpecError(f"partitions must be a mapping of partition column to value(s), got "
+                                 f"{type(partitions).__name__} {_short(partitions)}")
+    for key, raw in partitions.items():
+        if not isinstance(key, str) or not key.strip():
+            raise PartitionSpecError(f"partitions keys must be column names, got {key!r}")
+        options = list(raw) if isinstance(raw, list | tuple | set | frozenset) else [raw]
+        if not options:
+            raise PartitionSpecError(f"partitions[{key!r}] is an empty list: the job would touch nothing")
+        if len(options) > MAX_PARTITION_VALUES:
+            raise PartitionSpecError(f"partitions[{key!r}] lists {len(options)} values; at most "
+                                     f"{MAX_PARTITION_VALUES} are accepted")
+        for value in options:
+            _check_value(key, value, rendered)
+    return partitions
+
+
+def _check_value(key: str, value: Any, rendered: bool) -> None:
+    if value is NULL_PARTITION:
+        return
+    if value is None:
+        raise PartitionSpecError(
+            f"partitions[{key!r}] is None: a template whose value is missing renders to None, which would target "
+            "the NULL partition. Pass airflow_delta_occ.partitions.NULL_PARTITION to mean the NULL partition.")
+    if isinstance(value, Mapping | list | tuple | set | frozenset):
+        raise PartitionSpecError(f"partitions[{key!r}] holds a {type(value).__name__}; give a value or a flat list")
+    if isinstance(value, str):
+        if not rendered and "{{" in value:
+            return
+        if value.strip().lower() in _EMPTY_RENDERINGS:
+            raise PartitionSpecError(
+                f"partitions[{key!r}] rendered to {value!r}, which is what a missing template value gives "
+                "(Delta stores an empty partition value as NULL); refusing to guess the partition. Pass "
+                "airflow_delta_occ.partitions.NULL_PARTITION to mean the NULL partition.")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def build_partition_filter(schema: StructType, partition_columns: Sequence[str],
-                           partitions: Mapping[str, Any] | None) -> PartitionFilter:
+                           partitions: Any) -> PartitionFilter:
     """Validate ``partitions`` against the table and type every value.
 
     Raises:
-        PartitionSpecError: a column that is not a partition column, an empty list of values, or a
-            value that is not a valid value of the column's type.
+        PartitionSpecError: a column that is not a partition column, an empty list of values, a
+            value that rendered to nothing, or a value that is not a valid value of the column's type.
     """
-    if not partitions:
+    mapping = partitions_mapping(partitions)
+    if not mapping:
         return PartitionFilter(())
     by_lower = {c.lower(): c for c in partition_columns}
-    out = []
-    for key, raw in partitions.items():
+    out: dict[str, tuple[Any, ...]] = {}
+    for key, raw in mapping.items():
         name = by_lower.get(str(key).lower())
         if name is None:
             kind = "a column of the table but not a partition column" if schema.find(str(key)) else "not a column"
             available = ", ".join(partition_columns) or "none"
             raise PartitionSpecError(f"partitions names {key!r}, which is {kind}; partition columns: {available}")
+        if name in out:
+            raise PartitionSpecError(f"partitions names {name!r} twice (keys are case-insensitive)")
         field = schema.find(name)
         assert field is not None
         options = list(raw) if isinstance(raw, list | tuple | set | frozenset) else [raw]
-        if not options:
-            raise PartitionSpecError(f"partitions[{key!r}] is an empty list: the job would touch nothing")
-        typed = []
+        typed: list[Any] = []
         for value in options:
+            if value is NULL_PARTITION:
+                typed.append(None)
+                continue
             try:
                 typed.append(coerce_literal(value, field.type, name))
             except InvalidLiteralError as exc:
                 raise PartitionSpecError(f"partitions[{key!r}]: {exc}") from exc
-        out.append((name, tuple(dict.fromkeys(typed))))
-    return PartitionFilter(tuple(out))
+        out[name] = tuple(dict.fromkeys(typed))
+    return PartitionFilter(tuple(out.items()))
 
 
-def checked_sql(text: str, what: str) -> str:
-    """Accept a condition or expression only if it parses as one SQL expression without comments or ``;``.
+def parse_expression(text: Any, what: str) -> Expr:
+    """Parse a condition or expression from the DAG completely; the statement is rendered from the tree.
 
     Raises:
         UnsafeExpressionError: naming ``what`` (``merge condition``, ``set[v]``...) and the position.
     """
     if not isinstance(text, str) or not text.strip():
-        raise UnsafeExpressionError(f"{what} must be a non-empty SQL expression, got {text!r}")
+        raise UnsafeExpressionError(f"{what} must be a non-empty SQL expression, got {_short(text)}")
     try:
-        parse_predicate(text)
+        return parse_predicate(text)
     except PredicateError as exc:
         raise UnsafeExpressionError(f"{what} is not accepted: {exc}") from exc
-    return text.strip()
+
+
+def render_expression(text: Any, what: str) -> str:
+    """``parse_expression`` then back to canonical SQL text (identifiers quoted, literals escaped)."""
+    return to_sql(parse_expression(text, what))
 
 
 def conjoin(*conditions: str | None) -> str | None:
-    """AND the non-empty conditions, each in parentheses."""
+    """AND the non-empty conditions, each in parentheses (each is provider-rendered SQL)."""
     present = [c for c in conditions if c]
     if not present:
         return None

@@ -13,6 +13,7 @@ Spark error class or SQLSTATE, the engine's own exceptions, and plain text (ever
 
 from __future__ import annotations
 
+import math
 import random
 import re
 import time
@@ -141,6 +142,10 @@ ADVICE: Mapping[ConflictKind, str] = {
 }
 
 
+MAX_ATTEMPTS = 100
+"""Most attempts one conflict policy may ask for inside a job."""
+
+
 @dataclass(frozen=True)
 class ConflictPolicy:
     """What to do about one conflict kind. Delays are in seconds; jitter is added uniformly."""
@@ -153,9 +158,18 @@ class ConflictPolicy:
     jitter: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1 or self.initial_delay < 0 or self.max_delay < 0 or self.multiplier < 1 \
-                or self.jitter < 0:
-            raise ValueError(f"invalid conflict policy {self}")
+        # Values arrive from DAG files and JSON config: NaN, infinity, booleans and 2.5 attempts are
+        # refused here, at parse time, instead of misbehaving inside the job.
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) \
+                or not 1 <= self.max_attempts <= MAX_ATTEMPTS:
+            raise ValueError(f"max_attempts must be a whole number from 1 to {MAX_ATTEMPTS}, got {self.max_attempts!r}")
+        for name in ("initial_delay", "max_delay", "multiplier", "jitter"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+                    or value < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if self.multiplier < 1:
+            raise ValueError(f"multiplier must be at least 1, got {self.multiplier!r}")
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
         """Backoff before attempt ``attempt + 1`` (``attempt`` starts at 1)."""
@@ -207,6 +221,8 @@ def layer_overrides(*layers: Mapping[str, PolicyOverride] | None) -> dict[str, d
     """
     merged: dict[str, dict[str, Any]] = {}
     for layer in layers:
+        if layer is not None and not isinstance(layer, Mapping):
+            raise ValueError(f"expected a mapping of exception name to policy, got {type(layer).__name__}")
         for key, value in (layer or {}).items():
             if isinstance(value, ConflictPolicy):
                 fields: dict[str, Any] = {**vars(value), "action": value.action.value}

@@ -39,7 +39,7 @@ from .expressions import (
     walk,
 )
 from .schema import PrimitiveType, StructField, StructType
-from .sql_parser import parse_predicate, render_identifier, render_literal
+from .sql_parser import parse_predicate, render_identifier, to_sql
 from .values import coerce_literal, is_comparable
 
 __all__ = [
@@ -217,33 +217,6 @@ def _fold(op: ComparisonOp, left: Literal, right: Literal, original: Comparison)
     ):
         return Unknown(to_sql(original))
     return Literal(_compare(op, left.value, right.value))
-
-
-# -- rendering -------------------------------------------------------------------------------------
-
-def to_sql(expr: Expr, *, qualifier: str | None = None) -> str:
-    """Spark SQL for an expression: identifiers in backticks, literals escaped by type."""
-    def r(e: Expr) -> str:
-        if isinstance(e, Column):
-            parts = ([qualifier] if qualifier else ([e.qualifier] if e.qualifier else [])) + e.name.split(".")
-            return ".".join(render_identifier(p) for p in parts)
-        if isinstance(e, Literal):
-            return render_literal(e.value, e.type)
-        if isinstance(e, Comparison):
-            return f"{r(e.left)} {e.op} {r(e.right)}"
-        if isinstance(e, In):
-            options = ", ".join(r(o) for o in e.options)
-            return f"{r(e.value)} {'NOT IN' if e.negated else 'IN'} ({options})"
-        if isinstance(e, IsNull):
-            return f"{r(e.value)} IS {'NOT NULL' if e.negated else 'NULL'}"
-        if isinstance(e, And):
-            return f"({r(e.left)} AND {r(e.right)})"
-        if isinstance(e, Or):
-            return f"({r(e.left)} OR {r(e.right)})"
-        if isinstance(e, Not):
-            return f"(NOT {r(e.child)})"
-        return f"({e.text})"
-    return r(expr)
 
 
 # -- exact evaluation ------------------------------------------------------------------------------

@@ -1,12 +1,26 @@
-"""Parser for the SQL subset of partition filters and simple conditions.
+"""Parser and renderer for the SQL expressions the provider accepts from a DAG.
 
-Hand-written (tokenizer + recursive descent) so the accepted language is exactly what the engine
-can evaluate. Constructs outside it that are still valid SQL (function calls, arithmetic, LIKE,
-CASE, subqueries) become ``Unknown`` nodes that keep their source text: the file-set computation
-then answers "whole table" instead of failing. Comments and ``;`` are rejected outright, because
-in a value they are the usual way to smuggle a second statement into SQL.
+Hand-written (tokenizer + recursive descent over Spark's expression precedence) for two jobs:
 
-Precedence, loosest first: OR, AND, NOT, then comparison / IN / IS / BETWEEN / LIKE.
+* the engine evaluates what it models (columns, typed literals, comparisons, IN, IS NULL,
+  AND/OR/NOT); every other construct Spark accepts in a condition (function calls, arithmetic,
+  CASE, CAST, LIKE, intervals, subscripts) becomes an ``Unknown`` node, which the file-set
+  computation treats as "any value on any row";
+* the provider never hands a DAG's text to Spark. It parses the text completely and renders the
+  statement back from the tree (``to_sql``): identifiers re-quoted, literals re-escaped, every
+  compound node in its own parentheses. So the parentheses, quotes and keywords Spark sees are the
+  provider's own, and an injected partition predicate stays a top-level conjunct whatever the text
+  was. An ``Unknown`` node's text is that canonical rendering too, never a slice of the input.
+
+Text outside the grammar is refused with ``PredicateSyntaxError`` naming the position: comments and
+``;`` (the usual way to smuggle a second statement), subqueries (Delta does not accept them in
+MERGE, UPDATE or DELETE conditions), lambdas, window functions, and nesting deeper than
+``MAX_NESTING`` parentheses or ``MAX_DEPTH`` tree levels (which would otherwise end in a
+``RecursionError`` somewhere downstream).
+
+Precedence, loosest first: OR, AND, NOT, predicates (IN, BETWEEN, LIKE, IS), comparison, ``|``,
+``^``, ``&``, shifts, ``+ - ||``, ``* / % DIV``, unary ``- + ~``, postfix ``[i]`` ``.field``
+``::type``, as in Spark's grammar.
 """
 
 from __future__ import annotations
@@ -29,30 +43,56 @@ from .expressions import (
     Not,
     Or,
     Unknown,
+    children,
 )
 from .schema import PrimitiveType
 from .values import coerce_literal
 
 NON_DETERMINISTIC_FUNCTIONS = frozenset(
     {"rand", "randn", "random", "uuid", "shuffle", "monotonically_increasing_id", "spark_partition_id",
-     "input_file_name", "current_timestamp", "now", "current_date", "unix_timestamp", "localtimestamp",
-     "try_reflect", "reflect", "java_method"}
+     "input_file_name", "input_file_block_start", "input_file_block_length", "current_timestamp", "now",
+     "current_date", "curdate", "unix_timestamp", "localtimestamp", "current_time", "try_reflect", "reflect",
+     "java_method", "rand_str", "randstr", "uniform"}
 )
 # Words that cannot start an operand; others (``date``, ``timestamp``, ...) can also name columns.
 _RESERVED = frozenset(
-    {"and", "or", "not", "in", "is", "null", "true", "false", "between", "like", "rlike", "ilike",
-     "case", "when", "then", "else", "end", "exists", "select"}
+    {"and", "or", "not", "in", "is", "null", "true", "false", "between", "like", "rlike", "ilike", "regexp",
+     "case", "when", "then", "else", "end", "exists", "select", "distinct", "escape", "div"}
 )
+_QUERY_WORDS = frozenset({"select", "with", "values", "from", "table"})
+# Spark reads these unquoted names as the current date, time or user unless a column has the name.
+_NILADIC = frozenset({"current_date", "current_timestamp", "current_time", "current_user", "user", "session_user",
+                      "localtimestamp"})
 _COMPARISON: dict[str, ComparisonOp] = {
     "=": "=", "==": "=", "!=": "!=", "<>": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">=", "<=>": "<=>",
 }
-_ARITHMETIC = frozenset({"+", "-", "*", "/", "%", "||", "&", "|", "^", "::"})
+# Binary value operators by precedence level, loosest first (level 0 is comparison).
+_BINARY_LEVELS: tuple[frozenset[str], ...] = (
+    frozenset(_COMPARISON), frozenset({"|"}), frozenset({"^"}), frozenset({"&"}), frozenset({"<<", ">>", ">>>"}),
+    frozenset({"+", "-", "||"}), frozenset({"*", "/", "%", "div"}),
+)
+_OPERATORS = ("<=>", ">>>", "<<", ">>", "<=", ">=", "<>", "!=", "==", "||", "::", "->", "=>", "=", "<", ">", "+",
+              "-", "*", "/", "%", "&", "|", "^", "!", "~")
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "0": "\0", "Z": "\x1a", "%": "\\%", "_": "\\_"}
+_TYPES = frozenset({"boolean", "tinyint", "byte", "smallint", "short", "int", "integer", "bigint", "long", "float",
+                    "real", "double", "date", "timestamp", "timestamp_ntz", "timestamp_ltz", "string", "binary",
+                    "decimal", "dec", "numeric", "char", "varchar", "variant"})
+_INTERVAL_UNITS = frozenset(
+    {"year", "years", "month", "months", "week", "weeks", "day", "days", "hour", "hours", "minute", "minutes",
+     "second", "seconds", "millisecond", "milliseconds", "microsecond", "microseconds"})
+_EXTRACT_FIELDS = frozenset(
+    {"year", "y", "years", "yr", "yrs", "yearofweek", "quarter", "qtr", "month", "mon", "mons", "months", "week",
+     "w", "weeks", "day", "d", "days", "dayofweek", "dow", "dayofweek_iso", "dow_iso", "doy", "hour", "h", "hours",
+     "hr", "hrs", "minute", "m", "min", "mins", "minutes", "second", "s", "sec", "seconds", "secs"})
+MAX_NESTING = 32
+"""Deepest parenthesis / call nesting accepted in one expression."""
+MAX_DEPTH = 256
+"""Deepest expression tree accepted (a chain of N ANDs is N levels)."""
 
 
 @dataclass(frozen=True)
 class Token:
-    kind: str  # ident, qident, number, string, op, lparen, rparen, comma, dot, eof
+    kind: str  # ident, qident, number, string, op, lparen, rparen, lbracket, rbracket, comma, dot, eof
     text: str
     value: Any
     start: int
@@ -61,8 +101,15 @@ class Token:
     def is_keyword(self, *words: str) -> bool:
         return self.kind == "ident" and self.text.lower() in words
 
+    def is_op(self, *ops: str) -> bool:
+        return self.kind == "op" and self.text in ops
+
+
+_PUNCTUATION = {"(": "lparen", ")": "rparen", "[": "lbracket", "]": "rbracket", ",": "comma"}
+
 
 def tokenize(text: str) -> list[Token]:
+    """Spark's lexical rules for the accepted subset; comments and ``;`` are refused outright."""
     tokens: list[Token] = []
     i, n = 0, len(text)
     while i < n:
@@ -73,56 +120,60 @@ def tokenize(text: str) -> list[Token]:
         if text.startswith("--", i) or text.startswith("/*", i) or c == ";":
             raise PredicateSyntaxError("comments and ';' are not allowed in a predicate", text=text, position=i)
         start = i
-        if c.isalpha() or c == "_":
+        if c in "rR" and i + 1 < n and text[i + 1] in "'\"":
+            # A raw string: backslashes are characters, and it ends at the next quote of its kind.
+            close = text.find(text[i + 1], i + 2)
+            if close < 0:
+                raise PredicateSyntaxError("unterminated string literal", text=text, position=start)
+            tokens.append(Token("string", text[start:close + 1], text[i + 2:close], start, close + 1))
+            i = close + 1
+        elif c.isalpha() or c == "_":
             while i < n and (text[i].isalnum() or text[i] == "_"):
                 i += 1
             tokens.append(Token("ident", text[start:i], text[start:i], start, i))
         elif c == "`":
-            i += 1
-            buf = []
-            while True:
-                if i >= n:
-                    raise PredicateSyntaxError("unterminated quoted identifier", text=text, position=start)
-                if text[i] == "`":
-                    if i + 1 < n and text[i + 1] == "`":
-                        buf.append("`")
-                        i += 2
-                        continue
-                    i += 1
-                    break
-                buf.append(text[i])
-                i += 1
-            tokens.append(Token("qident", text[start:i], "".join(buf), start, i))
+            value, i = _scan_quoted_identifier(text, i)
+            tokens.append(Token("qident", text[start:i], value, start, i))
         elif c.isdigit() or (c == "." and i + 1 < n and text[i + 1].isdigit()):
             i = _scan_number(text, i)
             raw = text[start:i]
+            if i < n and (text[i].isalpha() or text[i] == "_"):
+                raise PredicateSyntaxError(f"malformed number {text[start:i + 1]!r}", text=text, position=start)
             tokens.append(Token("number", raw, _number_value(raw, text, start), start, i))
         elif c in "'\"":
             value, i = _scan_string(text, i)
             tokens.append(Token("string", text[start:i], value, start, i))
-        elif c == "(":
-            tokens.append(Token("lparen", c, c, i, i + 1))
-            i += 1
-        elif c == ")":
-            tokens.append(Token("rparen", c, c, i, i + 1))
-            i += 1
-        elif c == ",":
-            tokens.append(Token("comma", c, c, i, i + 1))
+        elif c in _PUNCTUATION:
+            tokens.append(Token(_PUNCTUATION[c], c, c, i, i + 1))
             i += 1
         elif c == ".":
             tokens.append(Token("dot", c, c, i, i + 1))
             i += 1
         else:
-            for op in ("<=>", "<=", ">=", "<>", "!=", "==", "||", "::", "=", "<", ">", "+", "-", "*", "/", "%",
-                       "&", "|", "^", "!"):
-                if text.startswith(op, i):
-                    tokens.append(Token("op", op, op, i, i + len(op)))
-                    i += len(op)
-                    break
-            else:
+            op = next((o for o in _OPERATORS if text.startswith(o, i)), None)
+            if op is None:
                 raise PredicateSyntaxError(f"unexpected character {c!r}", text=text, position=i)
+            tokens.append(Token("op", op, op, i, i + len(op)))
+            i += len(op)
     tokens.append(Token("eof", "", None, n, n))
     return tokens
+
+
+def _scan_quoted_identifier(text: str, i: int) -> tuple[str, int]:
+    start, n = i, len(text)
+    i += 1
+    buf = []
+    while True:
+        if i >= n:
+            raise PredicateSyntaxError("unterminated quoted identifier", text=text, position=start)
+        if text[i] == "`":
+            if i + 1 < n and text[i + 1] == "`":
+                buf.append("`")
+                i += 2
+                continue
+            return "".join(buf), i + 1
+        buf.append(text[i])
+        i += 1
 
 
 def _scan_number(text: str, i: int) -> int:
@@ -159,6 +210,7 @@ def _number_value(raw: str, text: str, position: int) -> int | float | Decimal:
 
 
 def _scan_string(text: str, i: int) -> tuple[str, int]:
+    """A quoted string with Spark's escapes (``\\n``, ``\\uXXXX``, octal ``\\ddd``, doubled quotes)."""
     quote = text[i]
     start = i
     i += 1
@@ -172,8 +224,15 @@ def _scan_string(text: str, i: int) -> tuple[str, int]:
             if i + 1 >= n:
                 raise PredicateSyntaxError("unterminated string literal", text=text, position=start)
             nxt = text[i + 1]
-            buf.append(_ESCAPES.get(nxt, nxt))
-            i += 2
+            if nxt == "u" and _is_hex(text[i + 2:i + 6], 4):
+                buf.append(chr(int(text[i + 2:i + 6], 16)))
+                i += 6
+            elif nxt in "0123" and len(text) > i + 3 and all(d in "01234567" for d in text[i + 2:i + 4]):
+                buf.append(chr(int(text[i + 1:i + 4], 8)))
+                i += 4
+            else:
+                buf.append(_ESCAPES.get(nxt, nxt))
+                i += 2
         elif c == quote:
             if i + 1 < n and text[i + 1] == quote:  # doubled quote stands for one quote
                 buf.append(quote)
@@ -185,41 +244,98 @@ def _scan_string(text: str, i: int) -> tuple[str, int]:
             i += 1
 
 
+def _is_hex(text: str, length: int) -> bool:
+    return len(text) == length and all(ch in "0123456789abcdefABCDEF" for ch in text)
+
+
+def _plain_name(name: str) -> bool:
+    """Whether a name can be written unquoted (function names, types, units)."""
+    return name.isascii() and (name[:1].isalpha() or name[:1] == "_") and all(
+        ch.isalnum() or ch == "_" for ch in name)
+
+
+def _opaque(text: str, *parts: Expr) -> Unknown:
+    """An ``Unknown`` with canonical text, deterministic when all its parts are."""
+    return Unknown(text, deterministic=all(_deterministic(p) for p in parts))
+
+
+def _deterministic(expr: Expr) -> bool:
+    stack = [expr]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, Unknown) and not e.deterministic:
+            return False
+        stack.extend(children(e))
+    return True
+
+
+def expression_depth(expr: Expr) -> int:
+    """Levels of the expression tree (iterative: safe on any tree the parser could build)."""
+    deepest = 0
+    stack = [(expr, 1)]
+    while stack:
+        e, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((c, depth + 1) for c in children(e))
+    return deepest
+
+
 class _Parser:
     def __init__(self, text: str) -> None:
         self.text = text
         self.tokens = tokenize(text)
         self.pos = 0
+        self.nesting = 0
 
     @property
     def tok(self) -> Token:
         return self.tokens[self.pos]
 
+    def peek(self, offset: int = 1) -> Token:
+        return self.tokens[min(self.pos + offset, len(self.tokens) - 1)]
+
     def advance(self) -> Token:
         token = self.tokens[self.pos]
-        self.pos += 1
+        if token.kind != "eof":
+            self.pos += 1
         return token
 
     def error(self, message: str, token: Token | None = None) -> PredicateSyntaxError:
         token = token or self.tok
         return PredicateSyntaxError(message, text=self.text, position=token.start)
 
+    def found(self) -> str:
+        return repr(self.tok.text) if self.tok.kind != "eof" else "end of input"
+
     def expect(self, kind: str, what: str) -> Token:
         if self.tok.kind != kind:
-            raise self.error(f"expected {what}, found {self.tok.text or 'end of input'!r}")
+            raise self.error(f"expected {what}, found {self.found()}")
         return self.advance()
 
     def expect_keyword(self, word: str) -> Token:
         if not self.tok.is_keyword(word):
-            raise self.error(f"expected {word.upper()}, found {self.tok.text or 'end of input'!r}")
+            raise self.error(f"expected {word.upper()}, found {self.found()}")
         return self.advance()
 
+    def nest(self) -> None:
+        self.nesting += 1
+        if self.nesting > MAX_NESTING:
+            raise self.error(f"expression nested more than {MAX_NESTING} levels deep")
+
+    def refuse_subquery(self, token: Token) -> PredicateSyntaxError:
+        return self.error("subqueries are not supported in a condition (Delta refuses them in MERGE, UPDATE and "
+                          "DELETE conditions); join the data into the source instead", token)
+
+    # -- boolean level ----------------------------------------------------------------------------
     def parse(self) -> Expr:
         if self.tok.kind == "eof":
             raise self.error("empty predicate")
         expr = self.parse_or()
         if self.tok.kind != "eof":
-            raise self.error(f"unexpected {self.tok.text!r} after a complete predicate")
+            raise self.error(f"unexpected {self.found()} after a complete predicate")
+        if expression_depth(expr) > MAX_DEPTH:
+            raise self.error(f"expression has more than {MAX_DEPTH} levels (too many ANDs/ORs in one chain?)",
+                             self.tokens[0])
         return expr
 
     def parse_or(self) -> Expr:
@@ -237,107 +353,167 @@ class _Parser:
         return left
 
     def parse_not(self) -> Expr:
-        if self.tok.is_keyword("not") or (self.tok.kind == "op" and self.tok.text == "!"):
+        negations = 0
+        while self.tok.is_keyword("not") or self.tok.is_op("!"):
             self.advance()
-            return Not(self.parse_not())
-        return self.parse_predicate()
+            negations += 1
+            if negations > MAX_NESTING:
+                raise self.error(f"more than {MAX_NESTING} NOTs in a row")
+        if self.tok.is_keyword("exists") and self.peek().kind == "lparen":
+            raise self.refuse_subquery(self.tok)
+        expr = self.parse_predicate()
+        for _ in range(negations):
+            expr = Not(expr)
+        return expr
 
     def parse_predicate(self) -> Expr:
-        start = self.tok.start
-        left = self.parse_additive()
-        tok = self.tok
-        if tok.kind == "op" and tok.text in _COMPARISON:
-            self.advance()
-            right = self.parse_additive()
-            return Comparison(_COMPARISON[tok.text], left, right)
+        left = self.parse_value()
         negated = False
-        if tok.is_keyword("not") and self.tokens[self.pos + 1].is_keyword("in", "between", "like", "rlike",
-                                                                            "ilike", "regexp"):
+        if self.tok.is_keyword("not") and self.peek().is_keyword("in", "between", "like", "rlike", "ilike",
+                                                                  "regexp"):
             self.advance()
             negated = True
-            tok = self.tok
+        tok = self.tok
+        not_ = "NOT " if negated else ""
         if tok.is_keyword("in"):
             self.advance()
-            return self.parse_in(left, negated, start)
+            return self.parse_in(left, negated)
         if tok.is_keyword("between"):
             self.advance()
-            low = self.parse_additive()
+            low = self.parse_value()
             self.expect_keyword("and")
-            high = self.parse_additive()
+            high = self.parse_value()
+            if not _deterministic(left):  # BETWEEN evaluates its operand once
+                return _opaque(f"{to_sql(left)} {not_}BETWEEN {_operand(low)} AND {_operand(high)}", low, high,
+                               left)
             between = And(Comparison(">=", left, low), Comparison("<=", left, high))
             return Not(between) if negated else between
+        if tok.is_keyword("like", "ilike"):
+            self.advance()
+            word = tok.text.upper()
+            if self.tok.is_keyword("any", "some", "all") and self.peek().kind == "lparen":
+                quantifier = self.advance().text.upper()
+                patterns = self.parse_arguments()
+                return _opaque(f"{_operand(left)} {not_}{word} {quantifier} ({', '.join(map(to_sql, patterns))})",
+                               left, *patterns)
+            pattern = self.parse_value()
+            escape = ""
+            if self.tok.is_keyword("escape"):
+                self.advance()
+                esc = self.expect("string", "a string after ESCAPE")
+                escape = f" ESCAPE {render_literal(esc.value)}"
+            return _opaque(f"{_operand(left)} {not_}{word} {_operand(pattern)}{escape}", left, pattern)
+        if tok.is_keyword("rlike", "regexp"):
+            self.advance()
+            pattern = self.parse_value()
+            return _opaque(f"{_operand(left)} {not_}RLIKE {_operand(pattern)}", left, pattern)
         if tok.is_keyword("is"):
             self.advance()
             is_not = False
             if self.tok.is_keyword("not"):
                 self.advance()
                 is_not = True
-            if self.tok.is_keyword("null"):
+            what = self.tok
+            if what.is_keyword("null"):
                 self.advance()
                 return IsNull(left, negated=is_not)
-            if self.tok.is_keyword("true", "false", "distinct", "unknown"):
-                self.skip_until_boundary()
-                return Unknown(self.text[start:self.tokens[self.pos - 1].end], deterministic=True)
-            raise self.error("expected NULL after IS")
-        if tok.is_keyword("like", "rlike", "ilike", "regexp"):
-            self.advance()
-            self.parse_additive()
-            if self.tok.is_keyword("escape"):
+            if what.is_keyword("true", "false", "unknown"):
                 self.advance()
-                self.parse_additive()
-            return Unknown(self.text[start:self.tokens[self.pos - 1].end], deterministic=True)
+                return _opaque(f"{_operand(left)} IS {'NOT ' if is_not else ''}{what.text.upper()}", left)
+            if what.is_keyword("distinct"):
+                self.advance()
+                self.expect_keyword("from")
+                right = self.parse_value()
+                same = Comparison("<=>", left, right)
+                return same if is_not else Not(same)
+            raise self.error(f"expected NULL, TRUE, FALSE, UNKNOWN or DISTINCT FROM after IS, found {self.found()}")
+        if negated:
+            raise self.error(f"expected IN, BETWEEN, LIKE or RLIKE after NOT, found {self.found()}")
         return left
 
-    def parse_in(self, left: Expr, negated: bool, start: int) -> Expr:
-        self.expect("lparen", "'(' after IN")
-        if self.tok.is_keyword("select"):
-            self.skip_balanced()
-            return Unknown(self.text[start:self.tokens[self.pos - 1].end], deterministic=True)
-        options = [self.parse_additive()]
-        while self.tok.kind == "comma":
-            self.advance()
-            options.append(self.parse_additive())
-        self.expect("rparen", "')' to close IN list")
+    def parse_in(self, left: Expr, negated: bool) -> Expr:
+        open_ = self.expect("lparen", "'(' after IN")
+        if self.tok.is_keyword(*_QUERY_WORDS):
+            raise self.refuse_subquery(open_)
+        self.pos -= 1
+        options = self.parse_arguments()
+        if not options:
+            raise self.error("IN needs at least one value", open_)
         return In(left, tuple(options), negated=negated)
 
-    def skip_balanced(self) -> None:
-        """Skip to just after the ')' matching an already consumed '('."""
-        depth = 1
-        while depth:
-            token = self.advance()
-            if token.kind == "eof":
-                raise self.error("unbalanced parentheses", token)
-            depth += {"lparen": 1, "rparen": -1}.get(token.kind, 0)
+    def parse_arguments(self) -> list[Expr]:
+        """``( expr, ... )`` as in a function call or IN list; may be empty."""
+        self.expect("lparen", "'('")
+        self.nest()
+        args: list[Expr] = []
+        if self.tok.kind != "rparen":
+            while True:
+                if self.tok.is_op("*"):
+                    raise self.error("'*' is not supported as an argument in a condition")
+                args.append(self.parse_or())
+                if self.tok.is_op("->", "=>"):
+                    raise self.error("lambda functions and named arguments are not supported in a condition")
+                if self.tok.kind != "comma":
+                    break
+                self.advance()
+        self.expect("rparen", "')' or ','")
+        self.nesting -= 1
+        return args
 
-    def skip_until_boundary(self) -> None:
-        while not (self.tok.kind in ("eof", "rparen", "comma") or self.tok.is_keyword("and", "or")):
-            if self.advance().kind == "lparen":
-                self.skip_balanced()
-
-    def parse_additive(self) -> Expr:
-        start = self.tok.start
-        left = self.parse_unary()
-        arithmetic = False
-        while self.tok.kind == "op" and self.tok.text in _ARITHMETIC:
-            self.advance()
-            self.parse_unary()
-            arithmetic = True
-        if arithmetic:
-            return Unknown(self.text[start:self.tokens[self.pos - 1].end], deterministic=_deterministic(left))
+    # -- value level ------------------------------------------------------------------------------
+    def parse_value(self, level: int = 0) -> Expr:
+        """Binary operators by precedence climbing: one loop per level, loosest (comparison) first."""
+        if level == len(_BINARY_LEVELS):
+            return self.parse_unary()
+        left = self.parse_value(level + 1)
+        ops = _BINARY_LEVELS[level]
+        while (self.tok.kind == "op" and self.tok.text in ops) or (self.tok.kind == "ident"
+                                                                   and self.tok.text.lower() in ops):
+            op = self.advance().text
+            right = self.parse_value(level + 1)
+            if level == 0:
+                left = Comparison(_COMPARISON[op], left, right)
+            else:
+                left = _opaque(f"{_operand(left)} {op.upper()} {_operand(right)}", left, right)
         return left
 
     def parse_unary(self) -> Expr:
-        tok = self.tok
-        if tok.kind == "op" and tok.text in ("-", "+") and self.tokens[self.pos + 1].kind == "number":
-            self.advance()
-            number = self.advance()
-            value = -number.value if tok.text == "-" else number.value
-            return Literal(value, None)
-        if tok.kind == "op" and tok.text in ("-", "+"):
-            self.advance()
-            operand = self.parse_primary()
-            return Unknown(self.text[tok.start:self.tokens[self.pos - 1].end], deterministic=_deterministic(operand))
-        return self.parse_primary()
+        signs: list[Token] = []
+        while self.tok.is_op("-", "+", "~"):
+            signs.append(self.advance())
+            if len(signs) > MAX_NESTING:
+                raise self.error(f"more than {MAX_NESTING} signs in a row")
+        expr = self.parse_postfix()
+        for sign in reversed(signs):
+            if sign.text in "+-" and isinstance(expr, Literal) and expr.type is None and isinstance(
+                    expr.value, int | float | Decimal) and not isinstance(expr.value, bool):
+                expr = Literal(-expr.value if sign.text == "-" else expr.value, None)
+            else:
+                expr = _opaque(f"{sign.text} {_operand(expr)}", expr)
+        return expr
+
+    def parse_postfix(self) -> Expr:
+        expr = self.parse_primary()
+        while True:
+            if self.tok.kind == "lbracket":
+                self.advance()
+                self.nest()
+                index = self.parse_or()
+                self.expect("rbracket", "']'")
+                self.nesting -= 1
+                expr = _opaque(f"{_operand(expr)}[{to_sql(index)}]", expr, index)
+            elif self.tok.kind == "dot" and not isinstance(expr, Column):
+                self.advance()
+                name = self.tok
+                if name.kind not in ("ident", "qident"):
+                    raise self.error("expected a field name after '.'")
+                self.advance()
+                expr = _opaque(f"{_operand(expr)}.{render_identifier(name.value)}", expr)
+            elif self.tok.is_op("::"):
+                self.advance()
+                expr = _opaque(f"CAST({to_sql(expr)} AS {self.parse_type()})", expr)
+            else:
+                return expr
 
     def parse_primary(self) -> Expr:
         tok = self.tok
@@ -351,92 +527,243 @@ class _Parser:
                 value += self.advance().value
             return Literal(value, None)
         if tok.kind == "lparen":
+            if self.peek().is_keyword(*_QUERY_WORDS):
+                raise self.refuse_subquery(tok)
             self.advance()
-            if self.tok.is_keyword("select"):
-                self.skip_balanced()
-                return Unknown(self.text[tok.start:self.tokens[self.pos - 1].end], deterministic=True)
+            self.nest()
             inner = self.parse_or()
+            if self.tok.kind == "comma":
+                raise self.error("row values (a, b) are not supported in a condition")
             self.expect("rparen", "')'")
+            self.nesting -= 1
             return inner
         if tok.kind == "qident":
-            return self.parse_column()
+            return self.parse_name()
         if tok.kind != "ident":
-            raise self.error(f"unexpected {tok.text or 'end of input'!r}")
+            raise self.error(f"unexpected {self.found()}")
         word = tok.text.lower()
+        nxt = self.peek()
         if word in ("true", "false"):
             self.advance()
             return Literal(word == "true", PrimitiveType("boolean"))
         if word == "null":
             self.advance()
             return Literal(None, None)
-        if word in ("date", "timestamp", "timestamp_ntz") and self.tokens[self.pos + 1].kind == "string":
+        if nxt.kind == "string" and (word != "x" or nxt.start == tok.end):
+            typed = self.parse_typed_literal(word)
+            if typed is not None:
+                return typed
+        if word == "case":
+            return self.parse_case()
+        if word in ("cast", "try_cast") and nxt.kind == "lparen":
+            self.advance()
+            self.advance()
+            self.nest()
+            value = self.parse_or()
+            self.expect_keyword("as")
+            type_text = self.parse_type()
+            self.expect("rparen", "')' after the CAST type")
+            self.nesting -= 1
+            return _opaque(f"{word.upper()}({to_sql(value)} AS {type_text})", value)
+        if word == "extract" and nxt.kind == "lparen":
+            self.advance()
+            self.advance()
+            self.nest()
+            field = self.tok
+            if not field.is_keyword(*_EXTRACT_FIELDS):
+                raise self.error(f"expected a date/time field after EXTRACT(, found {self.found()}")
+            self.advance()
+            self.expect_keyword("from")
+            value = self.parse_or()
+            self.expect("rparen", "')'")
+            self.nesting -= 1
+            return _opaque(f"EXTRACT({field.text.upper()} FROM {to_sql(value)})", value)
+        if word == "interval":
+            return self.parse_interval()
+        if word in _NILADIC and nxt.kind not in ("lparen", "dot"):
+            self.advance()
+            return Unknown(word.upper(), deterministic=False)
+        if word in _RESERVED:
+            raise self.error(f"unexpected keyword {tok.text.upper()!r}")
+        return self.parse_name()
+
+    def parse_typed_literal(self, word: str) -> Expr | None:
+        """``DATE'...'``, ``TIMESTAMP'...'``, ``X'ab'``; ``None`` when ``word`` is not such a prefix."""
+        if word in ("date", "timestamp", "timestamp_ntz", "timestamp_ltz"):
             self.advance()
             text_token = self.advance()
-            data_type = PrimitiveType(word)
+            data_type = PrimitiveType("timestamp" if word == "timestamp_ltz" else word)
             try:
                 return Literal(coerce_literal(text_token.value, data_type), data_type)
             except InvalidLiteralError as exc:
                 raise InvalidLiteralError(text_token.value, word) from exc
-        if word == "case":
-            return self.parse_case()
-        if word == "exists":
+        if word == "x":
             self.advance()
-            self.expect("lparen", "'(' after EXISTS")
-            self.skip_balanced()
-            return Unknown(self.text[tok.start:self.tokens[self.pos - 1].end], deterministic=True)
-        if word == "interval" and self.tokens[self.pos + 1].kind in ("string", "number"):
+            hex_token = self.advance()
+            if not _is_hex(hex_token.value, len(hex_token.value)) or len(hex_token.value) % 2:
+                raise self.error("X'...' needs an even number of hexadecimal digits", hex_token)
+            return Literal(bytes.fromhex(hex_token.value), PrimitiveType("binary"))
+        return None
+
+    def parse_interval(self) -> Expr:
+        start = self.advance()
+        parts: list[str] = []
+        while self.tok.kind in ("string", "number") or (self.tok.is_op("-", "+") and self.peek().kind == "number"):
+            sign = self.advance().text if self.tok.kind == "op" else ""
+            value = self.advance()
+            part = render_literal(value.value) if value.kind == "string" else f"{sign}{value.text}"
+            if self.tok.is_keyword(*_INTERVAL_UNITS):
+                part += " " + self.advance().text.upper()
+                if self.tok.is_keyword("to"):
+                    self.advance()
+                    if not self.tok.is_keyword(*_INTERVAL_UNITS):
+                        raise self.error(f"expected an interval unit after TO, found {self.found()}")
+                    part += " TO " + self.advance().text.upper()
+            elif value.kind == "number":
+                raise self.error(f"expected an interval unit, found {self.found()}")
+            parts.append(part)
+        if not parts:
+            raise self.error("expected a value after INTERVAL", start)
+        return Unknown(f"INTERVAL {' '.join(parts)}", deterministic=True)
+
+    def parse_type(self) -> str:
+        """A CAST target type, rendered canonically (primitive types, DECIMAL(p, s), ARRAY<t>, MAP<k, v>)."""
+        tok = self.tok
+        name = tok.text.lower()
+        if tok.kind != "ident":
+            raise self.error(f"expected a type name, found {self.found()}")
+        self.advance()
+        if name in ("array", "map") and self.tok.is_op("<"):
             self.advance()
-            self.skip_until_boundary()
-            return Unknown(self.text[tok.start:self.tokens[self.pos - 1].end], deterministic=True)
-        if self.tokens[self.pos + 1].kind == "lparen":
+            inner = [self.parse_type()]
+            if name == "map":
+                self.expect("comma", "',' between the MAP key and value types")
+                inner.append(self.parse_type())
+            if not self.tok.is_op(">"):
+                raise self.error(f"expected '>' to close {name.upper()}<...> (nested complex types are not "
+                                 f"supported), found {self.found()}")
             self.advance()
+            return f"{name.upper()}<{', '.join(inner)}>"
+        if name not in _TYPES:
+            raise self.error(f"unsupported type {tok.text!r} in CAST", tok)
+        if self.tok.kind == "lparen":
             self.advance()
-            self.skip_balanced()
-            return Unknown(self.text[tok.start:self.tokens[self.pos - 1].end],
-                           deterministic=word not in NON_DETERMINISTIC_FUNCTIONS)
-        if word in _RESERVED:
-            raise self.error(f"unexpected keyword {tok.text.upper()!r}")
-        return self.parse_column()
+            params = [self.expect("number", "a number").value]
+            if self.tok.kind == "comma":
+                self.advance()
+                params.append(self.expect("number", "a number").value)
+            self.expect("rparen", "')'")
+            if not all(isinstance(p, int) and not isinstance(p, bool) and 0 <= p <= 65535 for p in params):
+                raise self.error("type parameters must be small whole numbers", tok)
+            return f"{name.upper()}({', '.join(str(p) for p in params)})"
+        return name.upper()
 
     def parse_case(self) -> Expr:
         start = self.advance()
-        depth = 1
-        while depth:
-            token = self.advance()
-            if token.kind == "eof":
-                raise self.error("CASE without END", start)
-            if token.is_keyword("case"):
-                depth += 1
-            elif token.is_keyword("end"):
-                depth -= 1
-        return Unknown(self.text[start.start:self.tokens[self.pos - 1].end], deterministic=True)
+        self.nest()
+        parts: list[Expr] = []
+        text = "CASE"
+        if not self.tok.is_keyword("when"):
+            operand = self.parse_or()
+            parts.append(operand)
+            text += f" {to_sql(operand)}"
+        if not self.tok.is_keyword("when"):
+            raise self.error(f"expected WHEN in CASE, found {self.found()}")
+        while self.tok.is_keyword("when"):
+            self.advance()
+            condition = self.parse_or()
+            self.expect_keyword("then")
+            value = self.parse_or()
+            parts += [condition, value]
+            text += f" WHEN {to_sql(condition)} THEN {to_sql(value)}"
+        if self.tok.is_keyword("else"):
+            self.advance()
+            other = self.parse_or()
+            parts.append(other)
+            text += f" ELSE {to_sql(other)}"
+        if not self.tok.is_keyword("end"):
+            raise self.error(f"expected END to close the CASE at position {start.start}, found {self.found()}")
+        self.advance()
+        self.nesting -= 1
+        return _opaque(text + " END", *parts)
 
-    def parse_column(self) -> Expr:
-        parts = [self.advance().value]
+    def parse_name(self) -> Expr:
+        """A column (``a``, ``t.a``, ``t.s.field``) or a function call (``f(x)``, ``db.f(x)``)."""
+        first = self.advance()
+        parts = [(first.value, first.kind == "qident")]
         while self.tok.kind == "dot":
             self.advance()
             if self.tok.kind not in ("ident", "qident"):
                 raise self.error("expected a name after '.'")
-            parts.append(self.advance().value)
-        if len(parts) == 1:
-            return Column(parts[0])
-        return Column(".".join(parts[1:]), qualifier=parts[0])
-
-
-def _deterministic(expr: Expr) -> bool:
-    return not isinstance(expr, Unknown) or expr.deterministic
+            part = self.advance()
+            parts.append((part.value, part.kind == "qident"))
+        if self.tok.kind == "lparen":
+            if self.peek().is_keyword("distinct", "all"):
+                raise self.error("aggregate functions (DISTINCT/ALL) are not supported in a condition", self.peek())
+            args = self.parse_arguments()
+            names = [name for name, _ in parts]
+            if len(parts) == 1 and not parts[0][1] and _plain_name(names[0]):
+                rendered = names[0]
+            else:
+                rendered = ".".join(render_identifier(n) for n in names)
+            deterministic = names[-1].lower() not in NON_DETERMINISTIC_FUNCTIONS
+            call = _opaque(f"{rendered}({', '.join(to_sql(a) for a in args)})", *args)
+            return call if deterministic else Unknown(call.text, deterministic=False)
+        names = [name for name, _ in parts]
+        if len(names) == 1:
+            return Column(names[0])
+        return Column(".".join(names[1:]), qualifier=names[0])
 
 
 def parse_predicate(text: str) -> Expr:
-    """Parse predicate text into an (unbound) expression.
+    """Parse condition or expression text completely into an (unbound) expression.
 
     Raises:
-        PredicateSyntaxError: the text is not a predicate in the supported grammar.
+        PredicateSyntaxError: the text is not an expression of the supported grammar, or is nested
+            too deeply; the message points at the position.
         InvalidLiteralError: a typed literal such as ``DATE'2024-13-01'`` is not a valid value.
     """
     if not isinstance(text, str):
         raise TypeError(f"predicate must be a string, got {type(text).__name__}")
     return _Parser(text).parse()
+
+
+def to_sql(expr: Expr, *, qualifier: str | None = None) -> str:
+    """Spark SQL for an expression: identifiers in backticks, literals escaped by type, and every
+    compound node parenthesized, so the text parses back to the same tree whatever it holds.
+
+    ``qualifier`` replaces every column's qualifier (``t`` gives ``t.col``).
+    """
+    def r(e: Expr) -> str:
+        if isinstance(e, Column):
+            parts = ([qualifier] if qualifier else ([e.qualifier] if e.qualifier else [])) + e.name.split(".")
+            return ".".join(render_identifier(p) for p in parts)
+        if isinstance(e, Literal):
+            return render_literal(e.value, e.type)
+        if isinstance(e, Comparison):
+            return f"{o(e.left)} {e.op} {o(e.right)}"
+        if isinstance(e, In):
+            options = ", ".join(r(x) for x in e.options)
+            return f"{o(e.value)} {'NOT IN' if e.negated else 'IN'} ({options})"
+        if isinstance(e, IsNull):
+            return f"{o(e.value)} IS {'NOT NULL' if e.negated else 'NULL'}"
+        if isinstance(e, And):
+            return f"({r(e.left)} AND {r(e.right)})"
+        if isinstance(e, Or):
+            return f"({r(e.left)} OR {r(e.right)})"
+        if isinstance(e, Not):
+            return f"(NOT {r(e.child)})"
+        return f"({e.text})"
+
+    def o(e: Expr) -> str:  # an operand: predicates nested in a comparison keep their own parentheses
+        return f"({r(e)})" if isinstance(e, Comparison | In | IsNull) else r(e)
+
+    return r(expr)
+
+
+def _operand(expr: Expr) -> str:
+    text = to_sql(expr)
+    return f"({text})" if isinstance(expr, Comparison | In | IsNull) else text
 
 
 def render_literal(value: Any, data_type: Any = None) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
-from airflow_delta_occ.exceptions import ConflictSkipped, DeltaJobError
+from airflow_delta_occ.exceptions import ConflictSkipped, DeltaJobError, rejection_from_name
 from airflow_delta_occ.jobspec import JobSpec
 from airflow_delta_occ.retry import ConflictFailure, ConflictKind, classify_conflict
 from airflow_delta_occ.spark.session import CONNECT_MODE_FLAG
@@ -158,6 +158,8 @@ def _raise_for_result(result: Mapping[str, Any]) -> None:
     message = str(result.get("error", ""))
     if status == "skipped":
         raise ConflictSkipped(message)
+    if status == "rejected":
+        raise rejection_from_name(str(result.get("error_type", "")), message)
     if status == "conflict":
         kind = ConflictKind(result["conflict"])
         raise ConflictFailure(kind, int(result.get("attempts", 0)), RuntimeError(message))

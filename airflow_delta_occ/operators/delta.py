@@ -18,7 +18,8 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_delta_occ.engine import DeltaLog, Snapshot
-from airflow_delta_occ.engine.expressions import partition_conjuncts
+from airflow_delta_occ.engine.constraints import confining_conjuncts
+from airflow_delta_occ.engine.sql_parser import render_identifier, to_sql
 from airflow_delta_occ.exceptions import (
     CommitNotConfirmedError,
     ConflictSkipped,
@@ -28,7 +29,15 @@ from airflow_delta_occ.exceptions import (
 )
 from airflow_delta_occ.hooks.delta import DeltaSparkHook
 from airflow_delta_occ.jobspec import JobSpec, MergeClause, RunIdentity, SourceRef, TableRef
-from airflow_delta_occ.partitions import PartitionFilter, build_partition_filter, checked_sql, conjoin
+from airflow_delta_occ.partitions import (
+    PartitionFilter,
+    build_partition_filter,
+    conjoin,
+    parse_expression,
+    partitions_mapping,
+    render_expression,
+)
+from airflow_delta_occ.queries import check_source_query
 from airflow_delta_occ.retry import layer_overrides
 from airflow_delta_occ.retry_policy import DeltaConflictRetryPolicy
 
@@ -40,8 +49,13 @@ class DeltaBaseOperator(BaseOperator):
     :param table_name: target table by catalog name instead of ``table``.
     :param partitions: ``{"date": "{{ ds }}", "country": ["DE", "FR"]}``; typed by the table's schema
         and ANDed into the job's condition so concurrent jobs on other partitions do not conflict.
+        A value that renders to nothing (``None``, ``''``, ``'None'``) is refused; the NULL partition
+        is asked for with ``airflow_delta_occ.partitions.NULL_PARTITION``.
     :param strict_partitions: fail instead of warning when a job on a partitioned table does not
-        constrain its partitions.
+        confine its partitions (``country = 'DE' OR 1 = 1`` confines nothing).
+    :param source_outside_partitions: what to do with source rows that would be written outside
+        ``partitions``: ``"fail"`` (default, nothing is written) or ``"drop"`` (left out, counted in
+        the result as ``dropped_source_rows``).
     :param conflict_policies: per-exception overrides, e.g.
         ``{"ConcurrentAppendException": {"max_attempts": 8}, "ConcurrentDeleteDeleteException": "skip"}``.
     :param delta_conn_id: the ``delta_occ`` connection (mode, Spark connection); optional.
@@ -53,15 +67,24 @@ class DeltaBaseOperator(BaseOperator):
     operation = ""
 
     def __init__(self, *, table: str | None = None, table_name: str | None = None,
-                 partitions: Mapping[str, Any] | None = None, strict_partitions: bool = False,
+                 partitions: Mapping[str, Any] | str | None = None, strict_partitions: bool = False,
+                 source_outside_partitions: str = "fail",
                  conflict_policies: Mapping[str, Any] | None = None,
                  delta_conn_id: str | None = DeltaSparkHook.default_conn_name,
                  spark_conf: Mapping[str, str] | None = None, idempotent: bool = True, **kwargs: Any) -> None:
+        # Everything that does not need the table is checked here, when the DAG file is parsed.
         if (table is None) == (table_name is None):
             raise JobSpecError(f"{type(self).__name__} needs exactly one of table= (path) or table_name=")
-        try:  # fail at DAG parse time on a bad override
+        for label, value in (("table", table), ("table_name", table_name)):
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise JobSpecError(f"{label} must be a non-empty string, got {value!r}")
+        partitions_mapping(partitions, rendered=False)
+        if source_outside_partitions not in SOURCE_OUTSIDE_ACTIONS:
+            raise JobSpecError(f"source_outside_partitions must be one of {', '.join(SOURCE_OUTSIDE_ACTIONS)}, "
+                               f"got {source_outside_partitions!r}")
+        try:
             self._policy_overrides = layer_overrides(conflict_policies)
-        except ValueError as exc:
+        except (ValueError, TypeError) as exc:
             raise JobSpecError(f"conflict_policies: {exc}") from exc
         kwargs.setdefault("retry_policy", DeltaConflictRetryPolicy())
         super().__init__(**kwargs)
@@ -69,6 +92,7 @@ class DeltaBaseOperator(BaseOperator):
         self.table_name = table_name
         self.partitions = partitions
         self.strict_partitions = strict_partitions
+        self.source_outside_partitions = source_outside_partitions
         self.delta_conn_id = delta_conn_id
         self.spark_conf = dict(spark_conf or {})
         self.idempotent = idempotent
@@ -81,22 +105,18 @@ class DeltaBaseOperator(BaseOperator):
         return self.table if self.table is not None else hook.table_location(str(self.table_name))
 
     def _partition_filter(self, snapshot: Snapshot) -> PartitionFilter:
-        partitions = self.partitions
-        if isinstance(partitions, str):  # a rendered Jinja expression that produced JSON
-            partitions = json.loads(partitions)
-        return build_partition_filter(snapshot.schema, snapshot.partition_columns, partitions)
+        return build_partition_filter(snapshot.schema, snapshot.partition_columns, self.partitions)
 
-    def _check_constrained(self, snapshot: Snapshot, pfilter: PartitionFilter, condition: str | None,
-                           alias: str | None) -> None:
-        if not snapshot.partition_columns or pfilter:
+    def _check_constrained(self, snapshot: Snapshot, condition: str | None, alias: str | None) -> None:
+        """Warn, or refuse under ``strict_partitions``, when the final condition confines no partition."""
+        if not snapshot.partition_columns:
             return
-        constrained = False
         if condition:
             expr = snapshot.bind(condition, target_alias=alias)
-            constrained = bool(partition_conjuncts(expr, snapshot.partition_columns))
-        if constrained:
-            return
-        message = (f"{self.operation.upper()} on {self.table or self.table_name} is not constrained to partitions "
+            types = {c: f.type for c in snapshot.partition_columns if (f := snapshot.schema.find(c)) is not None}
+            if confining_conjuncts(expr, types):
+                return
+        message = (f"{self.operation.upper()} on {self.table or self.table_name} is not confined to partitions "
                    f"({', '.join(snapshot.partition_columns)}): Delta will treat it as reading every partition, "
                    "so any concurrent write to this table makes it fail with ConcurrentAppendException. "
                    "Pass partitions={...} to confine it.")
@@ -151,7 +171,8 @@ class DeltaBaseOperator(BaseOperator):
 
     def _common(self, snapshot: Snapshot, run: RunIdentity) -> dict[str, Any]:
         policies = layer_overrides(configured_policies(), self._policy_overrides)
-        return {"target": self._target(), "run": run, "idempotent": self.idempotent, "retry_policies": policies}
+        return {"target": self._target(), "run": run, "idempotent": self.idempotent, "retry_policies": policies,
+                "source_outside": self.source_outside_partitions}
 
 
 def configured_policies() -> dict[str, dict[str, Any]]:
@@ -174,25 +195,92 @@ def configured_policies() -> dict[str, dict[str, Any]]:
         raise ProviderConfigError(f"[delta_occ] conflict_policies: {exc}") from exc
 
 
+SOURCE_OUTSIDE_ACTIONS = ("fail", "drop")
+CLAUSE_FIELDS = frozenset({"kind", "condition", "set"})
+# Clauses whose rows come from the source: the partition values they write.
+_WRITES_FROM_SOURCE_ALL = frozenset({"matched_update_all", "not_matched_insert_all"})
+
+
+def _templated(value: Any) -> bool:
+    return isinstance(value, str) and "{{" in value
+
+
+def _check_one_source(owner: str, source: Any, source_table: Any, source_query: Any) -> None:
+    given = [name for name, value in (("source", source), ("source_table", source_table),
+                                      ("source_query", source_query)) if value is not None]
+    if len(given) != 1:
+        raise JobSpecError(f"{owner} needs exactly one of source=, source_table= or source_query=; "
+                           f"got {', '.join(given) or 'none'}")
+    for name, value in (("source", source), ("source_table", source_table), ("source_query", source_query)):
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise JobSpecError(f"{name} must be a non-empty string, got {value!r}")
+    if source_query is not None and not _templated(source_query):
+        check_source_query(source_query)
+
+
 def _source(source: str | None, source_table: str | None, source_query: str | None, source_format: str
             ) -> SourceRef:
-    if source_query is not None:
-        checked_sql_query(source_query)
+    _check_one_source("the job", source, source_table, source_query)
     return SourceRef(path=source, table=source_table, query=source_query, format=source_format)
 
 
-def checked_sql_query(query: str) -> None:
-    # A query is a whole statement: only refuse statement separators and comments, which could smuggle
-    # a second statement; Spark's parser rejects everything else with its own message.
-    stripped = query.strip().rstrip()
-    if ";" in stripped or "--" in stripped or "/*" in stripped:
-        raise JobSpecError("source_query must be a single SELECT without ';' or comments")
-    if not stripped.lower().startswith(("select", "with", "(")):
-        raise JobSpecError("source_query must be a SELECT (or WITH ... SELECT) query")
+def check_clauses(clauses: Any) -> list[dict[str, Any]]:
+    """MERGE clauses as a list of ``{"kind", "condition", "set"}`` mappings, checked for shape.
+
+    Raises:
+        JobSpecError: not a list of mappings, an unknown kind or field, a missing or forbidden ``set``.
+    """
+    if isinstance(clauses, str | bytes) or not isinstance(clauses, Sequence):
+        raise JobSpecError(f"clauses must be a list of mappings, got {type(clauses).__name__}")
+    if not clauses:
+        raise JobSpecError("clauses is empty: a MERGE needs at least one WHEN clause")
+    out = []
+    for i, clause in enumerate(clauses):
+        if not isinstance(clause, Mapping):
+            raise JobSpecError(f"clauses[{i}] must be a mapping with a kind, got {type(clause).__name__}")
+        unknown = set(clause) - CLAUSE_FIELDS
+        if unknown:
+            raise JobSpecError(f"clauses[{i}] has unknown field(s) {sorted(map(str, unknown))}; "
+                               f"expected {sorted(CLAUSE_FIELDS)}")
+        kind = clause.get("kind")
+        if kind not in MergeClause.KINDS:
+            raise JobSpecError(f"clauses[{i}]: unknown merge clause kind {kind!r}; expected one of "
+                               f"{', '.join(MergeClause.KINDS)}")
+        values = clause.get("set")
+        if values is not None and not isinstance(values, Mapping):
+            raise JobSpecError(f"clauses[{i}].set must be a mapping of column to SQL expression")
+        takes_set = kind in ("matched_update", "not_matched_insert", "not_matched_by_source_update")
+        if takes_set and not values:
+            raise JobSpecError(f"clauses[{i}]: {kind} needs a non-empty set mapping")
+        if not takes_set and values:
+            raise JobSpecError(f"clauses[{i}]: {kind} takes no set mapping")
+        condition = clause.get("condition")
+        if condition is not None and not isinstance(condition, str):
+            raise JobSpecError(f"clauses[{i}].condition must be SQL text, got {type(condition).__name__}")
+        out.append(dict(clause))
+    return out
+
+
+def _column_name(snapshot: Snapshot, key: Any, what: str) -> str:
+    """The table's own spelling of a column named by the DAG (Spark resolves names case-insensitively)."""
+    field = snapshot.schema.find(key) if isinstance(key, str) else None
+    if field is None:
+        raise JobSpecError(f"{what} names {key!r}, which is not a column of the table; columns: "
+                           f"{', '.join(snapshot.schema.field_names)}")
+    return field.name
+
+
+def _partition_column(snapshot: Snapshot, name: str) -> bool:
+    return name.lower() in {c.lower() for c in snapshot.partition_columns}
 
 
 class DeltaMergeOperator(DeltaBaseOperator):
     """MERGE a source into a Delta table.
+
+    With ``partitions=``, the partition predicate is ANDed into ON *and* into every NOT MATCHED BY
+    SOURCE clause (otherwise every target row of every other partition is "not matched by source"),
+    and every source row must write inside the partitions (see ``source_outside_partitions``).
+    A MERGE with NOT MATCHED BY SOURCE clauses still reads the whole table for Delta's conflict check.
 
     :param source: source path (``source_format`` default ``delta``), or ``source_table``, or ``source_query``.
     :param merge_condition: the ON condition, e.g. ``t.id = s.id``; the partition predicate is added.
@@ -209,26 +297,55 @@ class DeltaMergeOperator(DeltaBaseOperator):
                  clauses: Sequence[Mapping[str, Any]] | None = None, target_alias: str = "t",
                  source_alias: str = "s", **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        _check_one_source(type(self).__name__, source, source_table, source_query)
+        if not _templated(merge_condition):
+            parse_expression(merge_condition, "merge_condition")
+        self.clauses = check_clauses(clauses if clauses is not None else
+                                     [{"kind": "matched_update_all"}, {"kind": "not_matched_insert_all"}])
+        for name, alias in (("target_alias", target_alias), ("source_alias", source_alias)):
+            if not isinstance(alias, str) or not alias.strip():
+                raise JobSpecError(f"{name} must be a non-empty name, got {alias!r}")
+        if target_alias.lower() == source_alias.lower():
+            raise JobSpecError(f"target_alias and source_alias are both {target_alias!r}")
         self.merge_condition = merge_condition
         self.source, self.source_table, self.source_query = source, source_table, source_query
         self.source_format = source_format
-        self.clauses = list(clauses or [{"kind": "matched_update_all"}, {"kind": "not_matched_insert_all"}])
         self.target_alias, self.source_alias = target_alias, source_alias
 
     def build_spec(self, snapshot: Snapshot, run: RunIdentity) -> JobSpec:
-        on = checked_sql(self.merge_condition, "merge_condition")
+        on = parse_expression(self.merge_condition, "merge_condition")
         pfilter = self._partition_filter(snapshot)
-        self._check_constrained(snapshot, pfilter, on, self.target_alias)
+        confined = pfilter.to_sql(self.target_alias) or None
+        condition = conjoin(to_sql(on), confined)
+        self._check_constrained(snapshot, condition, self.target_alias)
         clauses = []
-        for i, c in enumerate(self.clauses):
-            cond = checked_sql(c["condition"], f"clauses[{i}].condition") if c.get("condition") else None
-            values = {str(k): checked_sql(str(v), f"clauses[{i}].set[{k}]") for k, v in (c.get("set") or {}).items()}
-            clauses.append(MergeClause(kind=c["kind"], condition=cond, set=values))
+        writes: list[dict[str, str]] = []
+        source_prefix = f"{render_identifier(self.source_alias)}."
+        for i, c in enumerate(check_clauses(self.clauses)):
+            kind = c["kind"]
+            cond = render_expression(c["condition"], f"clauses[{i}].condition") if c.get("condition") else None
+            if kind.startswith("not_matched_by_source") and confined:
+                cond = conjoin(confined, cond)  # rows of other partitions are "not matched by source" too
+            values: dict[str, str] = {}
+            for key, value in (c.get("set") or {}).items():
+                name = _column_name(snapshot, key, f"clauses[{i}].set")
+                if name in values:
+                    raise JobSpecError(f"clauses[{i}].set names {name!r} twice")
+                if pfilter and kind != "not_matched_insert" and _partition_column(snapshot, name):
+                    raise JobSpecError(f"clauses[{i}] ({kind}) sets partition column {name!r}: it would move rows "
+                                       "out of the partitions the job is confined to")
+                values[name] = render_expression(str(value), f"clauses[{i}].set[{key}]")
+            if kind in _WRITES_FROM_SOURCE_ALL:
+                writes.append({c: source_prefix + render_identifier(c) for c in pfilter.columns})
+            elif kind == "not_matched_insert":
+                writes.append({c: f"({values[c]})" if c in values else "NULL" for c in pfilter.columns})
+            clauses.append(MergeClause(kind=kind, condition=cond, set=values))
+        checks = list(dict.fromkeys(pfilter.over(w) for w in writes)) if pfilter else []
         return JobSpec(operation="merge", **self._common(snapshot, run),
                        source=_source(self.source, self.source_table, self.source_query, self.source_format),
-                       condition=conjoin(on, pfilter.to_sql(self.target_alias)),
-                       partition_filter=pfilter.to_sql() or None, clauses=tuple(clauses),
-                       target_alias=self.target_alias, source_alias=self.source_alias)
+                       condition=condition, partition_filter=pfilter.to_sql() or None, clauses=tuple(clauses),
+                       target_alias=self.target_alias, source_alias=self.source_alias,
+                       source_check=conjoin(*checks), source_values=writes[0] if checks else {})
 
 
 class DeltaUpdateOperator(DeltaBaseOperator):
@@ -239,16 +356,26 @@ class DeltaUpdateOperator(DeltaBaseOperator):
 
     def __init__(self, *, set: Mapping[str, str], where: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if not isinstance(set, Mapping) or not set:
+            raise JobSpecError(f"set must be a non-empty mapping of column to SQL expression, got {set!r}")
+        if where is not None and not _templated(where):
+            parse_expression(where, "where")
         self.set, self.where = dict(set), where
 
     def build_spec(self, snapshot: Snapshot, run: RunIdentity) -> JobSpec:
-        where = checked_sql(self.where, "where") if self.where else None
+        where = parse_expression(self.where, "where") if self.where else None
         pfilter = self._partition_filter(snapshot)
-        self._check_constrained(snapshot, pfilter, where, None)
-        for column in self.set:
-            snapshot.bind(f"{column} IS NULL")  # UnknownColumnError for a wrong column
-        values = {k: checked_sql(str(v), f"set[{k}]") for k, v in self.set.items()}
-        condition = conjoin(where, pfilter.to_sql())
+        condition = conjoin(to_sql(where) if where else None, pfilter.to_sql() or None)
+        self._check_constrained(snapshot, condition, None)
+        values: dict[str, str] = {}
+        for key, value in self.set.items():
+            name = _column_name(snapshot, key, "set")
+            if name in values:
+                raise JobSpecError(f"set names {name!r} twice")
+            if pfilter and _partition_column(snapshot, name):
+                raise JobSpecError(f"set names partition column {name!r}: the UPDATE would move rows out of the "
+                                   "partitions it is confined to")
+            values[name] = render_expression(str(value), f"set[{key}]")
         return JobSpec(operation="update", **self._common(snapshot, run), condition=condition,
                        partition_filter=pfilter.to_sql() or None, set=values)
 
@@ -261,15 +388,19 @@ class DeltaDeleteOperator(DeltaBaseOperator):
 
     def __init__(self, *, where: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if where is None and self.partitions is None:
+            raise JobSpecError("DeltaDeleteOperator needs where= or partitions= (deleting everything is refused)")
+        if where is not None and not _templated(where):
+            parse_expression(where, "where")
         self.where = where
 
     def build_spec(self, snapshot: Snapshot, run: RunIdentity) -> JobSpec:
-        where = checked_sql(self.where, "where") if self.where else None
+        where = parse_expression(self.where, "where") if self.where else None
         pfilter = self._partition_filter(snapshot)
-        self._check_constrained(snapshot, pfilter, where, None)
-        condition = conjoin(where, pfilter.to_sql())
+        condition = conjoin(to_sql(where) if where else None, pfilter.to_sql() or None)
         if condition is None:
             raise JobSpecError("DeltaDeleteOperator needs where= or partitions= (deleting everything is refused)")
+        self._check_constrained(snapshot, condition, None)
         return JobSpec(operation="delete", **self._common(snapshot, run), condition=condition,
                        partition_filter=pfilter.to_sql() or None)
 
@@ -282,21 +413,33 @@ class DeltaOptimizeOperator(DeltaBaseOperator):
 
     def __init__(self, *, zorder_by: Sequence[str] = (), **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if isinstance(zorder_by, str | bytes) or not isinstance(zorder_by, Sequence):
+            raise JobSpecError(f"zorder_by must be a list of column names, got {zorder_by!r}")
+        if not all(isinstance(c, str) and c.strip() for c in zorder_by):
+            raise JobSpecError(f"zorder_by must hold column names, got {list(zorder_by)!r}")
         self.zorder_by = list(zorder_by)
 
     def build_spec(self, snapshot: Snapshot, run: RunIdentity) -> JobSpec:
         pfilter = self._partition_filter(snapshot)
+        columns: list[str] = []
         for column in self.zorder_by:
-            snapshot.bind(f"{column} IS NULL")
-            if column in snapshot.partition_columns:
-                raise JobSpecError(f"zorder_by column {column!r} is a partition column")
+            name = _column_name(snapshot, column, "zorder_by")
+            if _partition_column(snapshot, name):
+                raise JobSpecError(f"zorder_by column {column!r} is a partition column; Z-ordering applies within "
+                                   "a partition")
+            if name in columns:
+                raise JobSpecError(f"zorder_by names {name!r} twice")
+            columns.append(name)
         sql = pfilter.to_sql() or None
         return JobSpec(operation="optimize", **self._common(snapshot, run), condition=sql, partition_filter=sql,
-                       zorder_by=tuple(self.zorder_by))
+                       zorder_by=tuple(columns))
 
 
 class DeltaAppendOperator(DeltaBaseOperator):
-    """Blind append of a source; idempotent across retries of the same task run (txnAppId/txnVersion)."""
+    """Blind append of a source; idempotent across retries of the same task run (txnAppId/txnVersion).
+
+    With ``partitions=``, every source row must belong to them (see ``source_outside_partitions``).
+    """
 
     template_fields: Sequence[str] = (*DeltaBaseOperator.template_fields, "source", "source_table", "source_query")
     operation = "append"
@@ -304,12 +447,21 @@ class DeltaAppendOperator(DeltaBaseOperator):
     def __init__(self, *, source: str | None = None, source_table: str | None = None,
                  source_query: str | None = None, source_format: str = "delta", **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        _check_one_source(type(self).__name__, source, source_table, source_query)
         self.source, self.source_table, self.source_query = source, source_table, source_query
         self.source_format = source_format
 
+    def _source_check(self, pfilter: PartitionFilter) -> dict[str, Any]:
+        if not pfilter:
+            return {}
+        return {"source_check": pfilter.to_sql("s"),
+                "source_values": {c: f"`s`.{render_identifier(c)}" for c in pfilter.columns}}
+
     def build_spec(self, snapshot: Snapshot, run: RunIdentity) -> JobSpec:
-        return JobSpec(operation="append", **self._common(snapshot, run),
-                       source=_source(self.source, self.source_table, self.source_query, self.source_format))
+        pfilter = self._partition_filter(snapshot)
+        return JobSpec(operation="append", **self._common(snapshot, run), partition_filter=pfilter.to_sql() or None,
+                       source=_source(self.source, self.source_table, self.source_query, self.source_format),
+                       **self._source_check(pfilter))
 
 
 class DeltaOverwritePartitionsOperator(DeltaAppendOperator):
@@ -317,11 +469,16 @@ class DeltaOverwritePartitionsOperator(DeltaAppendOperator):
 
     operation = "overwrite_partitions"
 
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if self.partitions is None:
+            raise JobSpecError("DeltaOverwritePartitionsOperator needs partitions= (it must not replace everything)")
+
     def build_spec(self, snapshot: Snapshot, run: RunIdentity) -> JobSpec:
         pfilter = self._partition_filter(snapshot)
         if not pfilter:
             raise JobSpecError("DeltaOverwritePartitionsOperator needs partitions= (it must not replace everything)")
         sql = pfilter.to_sql()
         return JobSpec(operation="overwrite_partitions", **self._common(snapshot, run), condition=sql,
-                       partition_filter=sql,
+                       partition_filter=sql, **self._source_check(pfilter),
                        source=_source(self.source, self.source_table, self.source_query, self.source_format))

@@ -27,7 +27,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from airflow_delta_occ.engine.sql_parser import render_identifier
-from airflow_delta_occ.exceptions import ConflictSkipped, JobSpecError, SourceNotFoundError
+from airflow_delta_occ.exceptions import (
+    ConflictSkipped,
+    JobSpecError,
+    SourceNotFoundError,
+    SourceOutsidePartitionsError,
+)
 from airflow_delta_occ.jobspec import JobSpec
 from airflow_delta_occ.retry import (
     DEFAULT_POLICIES,
@@ -40,7 +45,9 @@ from airflow_delta_occ.retry import (
 from airflow_delta_occ.spark.session import INHERITED_CONNECT_ENV
 
 RESULT_PREFIX = "DELTA_OCC_RESULT "
-EXIT_CODES = {"success": 0, "error": 1, "conflict": 75, "skipped": 76, "bad_spec": 64}
+EXIT_CODES = {"success": 0, "error": 1, "conflict": 75, "skipped": 76, "bad_spec": 64, "rejected": 65}
+# Refusals of the job's input: the caller rebuilds the same class by name (never retried).
+REJECTIONS = (JobSpecError, SourceNotFoundError)
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
@@ -75,13 +82,52 @@ def read_source(session: Any, spec: JobSpec) -> Any:
             df = session.read.format(src.format).load(src.path)
         elif src.table is not None:
             df = session.table(src.table)
-        else:
-            df = session.sql(src.query)
+        else:  # Spark's parser accepts only a query inside FROM ( ... ), whatever the text says
+            df = session.sql(f"SELECT * FROM ({src.query}) AS {render_identifier('delta_occ_query')}")
         with _active(session):
             return df.localCheckpoint(eager=True)
     except Exception as exc:
         label = src.path or src.table or "query"
         raise SourceNotFoundError(f"cannot read source {label!r}: {str(exc).splitlines()[0]}") from exc
+
+
+SAMPLE_ROWS = 5
+
+
+def confine_source(session: Any, spec: JobSpec, source: Any, source_view: str) -> tuple[Any, int]:
+    """Refuse (or drop) source rows that would be written outside the job's partitions.
+
+    Runs on the materialised source before anything is written, so a refusal leaves the table as
+    it was. Returns the source to use and how many rows were dropped.
+
+    Raises:
+        SourceOutsidePartitionsError: with the number of such rows and a few of their partition values.
+    """
+    if not spec.source_check:
+        return source, 0
+    alias = render_identifier(spec.source_alias)
+    inside = f"coalesce(({spec.source_check}), false)"
+    outside = session.sql(f"SELECT count(*) AS n FROM {render_identifier(source_view)} AS {alias} "
+                          f"WHERE NOT {inside}").collect()[0]["n"]
+    if not outside:
+        return source, 0
+    if spec.source_outside == "drop":
+        kept = session.sql(f"SELECT {alias}.* FROM {render_identifier(source_view)} AS {alias} WHERE {inside}")
+        kept.createOrReplaceTempView(source_view)
+        return kept, int(outside)
+    shown = ", ".join(f"{expr} AS {render_identifier(name)}" for name, expr in spec.source_values.items())
+    samples = tuple(row.asDict() for row in session.sql(
+        f"SELECT DISTINCT {shown} FROM {render_identifier(source_view)} AS {alias} WHERE NOT {inside} "
+        f"LIMIT {SAMPLE_ROWS}").collect()) if shown else ()
+    raise SourceOutsidePartitionsError(
+        f"{outside} source row(s) would be written outside the partitions {spec.partition_filter} of "
+        f"{spec.target.label}, for example {', '.join(map(_plain_values, samples)) or 'see the source'}; nothing "
+        "was written. Fix the source, or pass source_outside_partitions='drop' to leave such rows out.",
+        count=int(outside), samples=samples)
+
+
+def _plain_values(values: dict[str, Any]) -> str:
+    return "{" + ", ".join(f"{k}={v!s}" for k, v in values.items()) + "}"
 
 
 def _assignments(values: dict[str, str]) -> str:
@@ -183,14 +229,17 @@ def run_job(spark: Any, spec: JobSpec, *, sleep: Any = time.sleep) -> dict[str, 
     before = _check_target(session, spec)
     source = read_source(session, spec)
     source_view = None
+    dropped = 0
     if source is not None:
         source_view = f"delta_occ_source_{uuid.uuid4().hex}"
         source.createOrReplaceTempView(source_view)
+        source, dropped = confine_source(session, spec, source, source_view)
     base = OPTIMIZE_POLICIES if spec.operation == "optimize" else DEFAULT_POLICIES
     policies = resolve_policies(base, spec.retry_policies)
     outcome = RetryOutcome()
     result: dict[str, Any] = {"table": spec.target.label, "operation": spec.operation,
-                              "condition": spec.condition, "partition_filter": spec.partition_filter}
+                              "condition": spec.condition, "partition_filter": spec.partition_filter,
+                              "dropped_source_rows": dropped}
     try:
         run_with_policies(lambda attempt: _execute_once(session, spec, source, source_view), policies,
                           outcome=outcome, sleep=sleep)
@@ -283,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
         status, payload = "skipped", {"error": str(exc)}
     except ConflictFailure as exc:
         status, payload = "conflict", {"error": str(exc), "conflict": exc.kind.value, "attempts": exc.attempts}
+    except REJECTIONS as exc:
+        status, payload = "rejected", {"error": str(exc), "error_type": type(exc).__name__}
     except Exception as exc:
         status, payload = "error", {"error": f"{type(exc).__name__}: {exc}"}
     print(RESULT_PREFIX + json.dumps({"status": status, **payload}, default=str), flush=True)

@@ -13,7 +13,7 @@ from airflow_delta_occ.engine import ConcurrentAppendException, TableNotFoundErr
 from airflow_delta_occ.engine.schema import parse_schema
 from airflow_delta_occ.exceptions import JobSpecError, PartitionSpecError, UnsafeExpressionError
 from airflow_delta_occ.jobspec import JobSpec, MergeClause, RunIdentity, SourceRef, TableRef
-from airflow_delta_occ.partitions import build_partition_filter, checked_sql, conjoin
+from airflow_delta_occ.partitions import NULL_PARTITION, build_partition_filter, conjoin, render_expression
 from airflow_delta_occ.retry import ConflictFailure, ConflictKind
 from airflow_delta_occ.retry_policy import DeltaConflictRetryPolicy
 
@@ -34,7 +34,7 @@ PARTS = ["date", "country", "hour", "ts", "amount", "flag"]
     ({"amount": "12.5"}, "`t`.`amount` = 12.50BD"),
     ({"flag": "true"}, "`t`.`flag` = TRUE"),
     ({"ts": "2024-01-01 10:00:00"}, "`t`.`ts` = TIMESTAMP'2024-01-01 10:00:00+00:00'"),
-    ({"country": [None, "DE"]}, "(`t`.`country` = 'DE' OR `t`.`country` IS NULL)"),
+    ({"country": [NULL_PARTITION, "DE"]}, "(`t`.`country` = 'DE' OR `t`.`country` IS NULL)"),
     ({"country": "O'Brien\\"}, "`t`.`country` = 'O\\'Brien\\\\'"),
 ])
 def test_partition_literals_are_typed_and_escaped(partitions, sql):
@@ -55,11 +55,11 @@ def test_bad_partitions(partitions, match):
         build_partition_filter(SCHEMA, PARTS, partitions)
 
 
-def test_checked_sql_and_conjoin():
-    assert checked_sql(" t.id = s.id ", "on") == "t.id = s.id"
+def test_render_expression_and_conjoin():
+    assert render_expression(" t.id = s.id ", "on") == "`t`.`id` = `s`.`id`"
     for bad in ["t.id = s.id; DROP TABLE t", "t.id = 1 -- x", "t.id = /* */ 1", "", "t.id = ("]:
         with pytest.raises(UnsafeExpressionError):
-            checked_sql(bad, "on")
+            render_expression(bad, "on")
     assert conjoin(None, "") is None
     assert conjoin("a = 1", None) == "a = 1"
     assert conjoin("a = 1 OR b = 2", "c = 3") == "(a = 1 OR b = 2) AND (c = 3)"
@@ -121,7 +121,7 @@ def test_platform_policies_come_from_config_and_tasks_override_them(monkeypatch)
     ("{not json", "Expecting property name"),
     ('["ConcurrentAppendException"]', "JSON object"),
     ('{"ConcurrentAppend": "retry"}', "unknown conflict 'ConcurrentAppend'"),
-    ('{"ConcurrentAppendException": {"max_attempts": -1}}', "invalid conflict policy"),
+    ('{"ConcurrentAppendException": {"max_attempts": -1}}', "max_attempts must be a whole number"),
 ])
 def test_bad_platform_policies_are_a_typed_error_naming_the_option(monkeypatch, value, problem):
     from airflow_delta_occ.exceptions import ProviderConfigError

@@ -48,11 +48,17 @@ def excludes_some_partition(conjunct: Expr, partition_types: Mapping[str, DataTy
     """
     columns = sorted({e.name for e in walk(conjunct) if isinstance(e, Column)})
     if not columns:  # a constant: TRUE confines nothing, FALSE/NULL excludes everything
-        return evaluate_partition(conjunct, {}) is not True
+        try:
+            return evaluate_partition(conjunct, {}) is not True
+        except ValueError:
+            return False
     candidates = [_witnesses(_literals(conjunct, name), partition_types.get(name)) for name in columns]
-    for combo in itertools.islice(itertools.product(*candidates), _MAX_ASSIGNMENTS):
-        if evaluate_partition(conjunct, dict(zip(columns, combo, strict=True))) is not True:
-            return True
+    try:
+        for combo in itertools.islice(itertools.product(*candidates), _MAX_ASSIGNMENTS):
+            if evaluate_partition(conjunct, dict(zip(columns, combo, strict=True))) is not True:
+                return True
+    except (ValueError, TypeError):  # a value the evaluator cannot compare: not proven to confine
+        return False
     return False
 
 

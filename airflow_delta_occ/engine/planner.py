@@ -155,12 +155,18 @@ def plan_footprint(
     app_id: str | None = None,
     target_alias: str | None = None,
     row_level_eligible: bool = True,
+    reads_whole_table: bool = False,
 ) -> Footprint:
     """The footprint of a job about to run ``operation`` with ``predicate`` on ``snapshot``.
 
     ``write_partitions`` pins where an INSERT or MERGE adds files (``{"date": "2024-01-01"}``
     each); without it their new files may land anywhere. ``properties`` are the table properties
     a SET_PROPERTIES job sets. ``app_id`` marks an idempotent writer (txnAppId).
+
+    ``reads_whole_table`` says the job reads every file whatever ``predicate`` confines its changes
+    to: a MERGE with a WHEN NOT MATCHED BY SOURCE clause (delta-spark's ``findTouchedFiles`` scans
+    with ``filterFiles(true)`` then), so it conflicts with every concurrent write that adds files,
+    while the files it rewrites are still only those ``predicate`` selects.
     """
     op = Operation(operation)
     schema = PartitionSchema.of(snapshot.metadata)
@@ -169,9 +175,11 @@ def plan_footprint(
     reads = op not in (Operation.INSERT, Operation.SET_PROPERTIES, Operation.SCHEMA_CHANGE, Operation.CREATE_TABLE)
     files = (snapshot.files_matching(expr) if expr is not None else snapshot.files()) if reads else []
     read_files = {f.path: f.partition_values for f in files}
+    if reads_whole_table and reads:
+        read_files = {f.path: f.partition_values for f in snapshot.files()}
     rewrites = op in (_DML - {Operation.INSERT_SELF_READ}) | _COMPACTIONS | {Operation.REPLACE_WHERE,
                                                                             Operation.OVERWRITE}
-    removes = dict(read_files) if rewrites else {}
+    removes = {f.path: f.partition_values for f in files} if rewrites else {}
     adds = op not in (Operation.SET_PROPERTIES, Operation.SCHEMA_CHANGE, Operation.CREATE_TABLE)
     # Rewritten files stay in their partitions; inserted rows go where the source sends them.
     rewritten = {_freeze(pv) for pv in removes.values()}
@@ -192,8 +200,8 @@ def plan_footprint(
     return Footprint(
         operation=op,
         label=label or op.value,
-        read_predicate=partition_part if reads else None,
-        read_whole_table=False,
+        read_predicate=(TRUE if reads_whole_table else partition_part) if reads else None,
+        read_whole_table=reads_whole_table and reads,
         read_files=read_files,
         removes=removes,
         write_partitions=written,

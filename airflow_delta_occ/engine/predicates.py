@@ -39,7 +39,7 @@ from .expressions import (
     walk,
 )
 from .schema import PrimitiveType, StructField, StructType
-from .sql_parser import parse_predicate, render_identifier, to_sql
+from .sql_parser import parse_predicate, render_identifier, render_literal, to_sql
 from .values import coerce_literal, is_comparable
 
 __all__ = [
@@ -103,6 +103,9 @@ class _Binder:
                     "is used as a condition; compare it with a value"
                 )
             return resolved.column
+        if isinstance(expr, Literal) and expr.value is not None and not isinstance(expr.value, bool):
+            raise PredicateError(f"the literal {render_literal(expr.value)} is used as a condition; compare a "
+                                 "column with it")
         if isinstance(expr, Literal | Unknown):
             return expr
         if isinstance(expr, Comparison):
@@ -148,6 +151,8 @@ class _Binder:
         return self.schema.find(name)
 
     def operand(self, expr: Expr) -> Expr | _BoundColumn:
+        if isinstance(expr, Literal):
+            return expr
         if isinstance(expr, Column):
             resolved = self.resolve(expr)
             return resolved if resolved is not None else Unknown(_column_text(expr))

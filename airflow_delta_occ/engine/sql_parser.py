@@ -384,7 +384,7 @@ class _Parser:
             self.expect_keyword("and")
             high = self.parse_value()
             if not _deterministic(left):  # BETWEEN evaluates its operand once
-                return _opaque(f"{to_sql(left)} {not_}BETWEEN {_operand(low)} AND {_operand(high)}", low, high,
+                return _opaque(f"{_operand(left)} {not_}BETWEEN {_operand(low)} AND {_operand(high)}", low, high,
                                left)
             between = And(Comparison(">=", left, low), Comparison("<=", left, high))
             return Not(between) if negated else between
@@ -758,12 +758,14 @@ def to_sql(expr: Expr, *, qualifier: str | None = None) -> str:
     def o(e: Expr) -> str:  # an operand: predicates nested in a comparison keep their own parentheses
         return f"({r(e)})" if isinstance(e, Comparison | In | IsNull) else r(e)
 
-    return r(expr)
+    text = r(expr)
+    return text[1:-1] if isinstance(expr, And | Or | Not) else text  # the outermost needs no parentheses
 
 
 def _operand(expr: Expr) -> str:
+    """An expression as the operand of an operator: parenthesized unless it is a single term."""
     text = to_sql(expr)
-    return f"({text})" if isinstance(expr, Comparison | In | IsNull) else text
+    return f"({text})" if isinstance(expr, Comparison | In | IsNull | And | Or | Not) else text
 
 
 def render_literal(value: Any, data_type: Any = None) -> str:

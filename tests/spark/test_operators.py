@@ -33,8 +33,8 @@ from .jobs import check_disjoint_merges, check_overlapping_merges, context, merg
 def test_merge_injects_typed_partition_predicate(spark: Any, sales: str, tmp_path: Any) -> None:
     src = source(spark, tmp_path, "src", [(1, 10, "2024-01-01", "DE"), (9, 90, "2024-01-01", "DE")])
     result = merge(sales, src, "DE").execute(context())
-    assert result["condition"] == ("(t.id = s.id AND t.country = s.country) AND (`t`.`date` = DATE'2024-01-01' "
-                                   "AND `t`.`country` = 'DE')")
+    assert result["condition"] == ("(`t`.`id` = `s`.`id` AND `t`.`country` = `s`.`country`) AND "
+                                   "(`t`.`date` = DATE'2024-01-01' AND `t`.`country` = 'DE')")
     assert result["confirmed"] and result["attempts"] == 1 and result["version"] == 2
     assert result["task_seconds"] >= result["run_seconds"] > 0 and result["wait_seconds"] == 0
     assert int(result["metrics"]["numTargetRowsUpdated"]) == 1 and int(result["metrics"]["numTargetRowsInserted"]) == 1
@@ -111,7 +111,7 @@ def test_bad_input_is_refused_before_spark_and_changes_nothing(spark: Any, sales
     assert len(rows(spark, sales)) == 4
     capfd.readouterr()
     merge(sales, src, None).execute(context("unconstrained"))
-    assert "not constrained to partitions" in "".join(capfd.readouterr())
+    assert "not confined to partitions" in "".join(capfd.readouterr())
 
 
 def test_concurrent_merges_on_different_partitions(spark: Any, sales: str, tmp_path: Any) -> None:

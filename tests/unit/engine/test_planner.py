@@ -134,3 +134,19 @@ def test_unknown_model(tmp_path):
     snap = _table(tmp_path)
     with pytest.raises(ValueError, match="unknown conflict model"):
         can_conflict(fp(snap, Operation.INSERT), fp(snap, Operation.INSERT), snap, "oracle")  # type: ignore[arg-type]
+
+
+def test_merge_with_not_matched_by_source_reads_the_whole_table(tmp_path):
+    """delta-spark scans every file for such a MERGE (``filterFiles(true)``), however confined it is."""
+    snap = _table(tmp_path)
+    pinned = {"write_partitions": [{"date": "2024-01-01", "country": "DE"}]}
+    nmbs = fp(snap, Operation.MERGE, "country = 'DE'", reads_whole_table=True, **pinned)
+    assert nmbs.read_whole_table and len(nmbs.read_files) == 4
+    assert set(nmbs.removes) == {"DE-0.parquet", "DE-1.parquet"}  # it still rewrites only its partition
+    fr_update = fp(snap, Operation.UPDATE, "country = 'FR'")
+    v = verdict(winner=fr_update, loser=nmbs, snapshot=snap)
+    assert v.conflict and v.exception == "ConcurrentAppendException", v.reason
+    # The other order commits: the UPDATE of FR read nothing the MERGE wrote.
+    assert not verdict(winner=nmbs, loser=fr_update, snapshot=snap)
+    plain = fp(snap, Operation.MERGE, "country = 'DE'", **pinned)
+    assert not can_conflict(plain, fr_update, snap, "delta")

@@ -88,6 +88,8 @@ MAX_NESTING = 32
 """Deepest parenthesis / call nesting accepted in one expression."""
 MAX_DEPTH = 256
 """Deepest expression tree accepted (a chain of N ANDs is N levels)."""
+MAX_LENGTH = 100_000
+"""Longest expression text accepted (an IN list of thousands of values fits)."""
 
 
 @dataclass(frozen=True)
@@ -494,7 +496,7 @@ class _Parser:
 
     def parse_postfix(self) -> Expr:
         expr = self.parse_primary()
-        while True:
+        for _ in range(MAX_NESTING + 1):
             if self.tok.kind == "lbracket":
                 self.advance()
                 self.nest()
@@ -514,6 +516,7 @@ class _Parser:
                 expr = _opaque(f"CAST({to_sql(expr)} AS {self.parse_type()})", expr)
             else:
                 return expr
+        raise self.error(f"more than {MAX_NESTING} subscripts, fields or casts in a row")
 
     def parse_primary(self) -> Expr:
         tok = self.tok
@@ -725,6 +728,9 @@ def parse_predicate(text: str) -> Expr:
     """
     if not isinstance(text, str):
         raise TypeError(f"predicate must be a string, got {type(text).__name__}")
+    if len(text) > MAX_LENGTH:
+        raise PredicateSyntaxError(f"expression is {len(text)} characters long; at most {MAX_LENGTH} are accepted",
+                                   text=text[:80], position=0)
     return _Parser(text).parse()
 
 

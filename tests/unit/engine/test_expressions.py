@@ -348,3 +348,41 @@ def test_partition_only_predicates_are_exact(expr: Any, file: Any) -> None:
         return
     partition, _ = file
     assert file_may_match(expr, partition, None) is (evaluate_partition(expr, partition) is True)
+
+
+# -- rendering from the tree --------------------------------------------------------------------------
+
+_FRAGMENTS = st.sampled_from([
+    "(", ")", " OR ", " AND ", "1=1", "CASE", " WHEN ", " THEN ", " ELSE ", " END", "t.case", "t.end", "'", '"',
+    "`", "\\", "r'", "id", " = ", "true", "NOT ", ",", "[", "]", "::int", "INTERVAL '1' DAY", "upper(", "X'",
+    "'DE'", "s.id", "x", "0", "IN (", "IS NULL", " BETWEEN 1 AND 2", "||", "-", "\\u0027", "LIKE", "'a%'", "f(x)",
+])
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(_FRAGMENTS, min_size=1, max_size=16).map("".join))
+def test_rendering_parses_back_to_the_same_tree_and_keeps_an_injected_conjunct_on_top(text: str) -> None:
+    """Whatever the text, the provider's rendering is a fixed point of the parser, and ANDing the
+    partition predicate to it leaves that predicate a top-level conjunct."""
+    try:
+        expr = parse_predicate(text)
+    except (PredicateSyntaxError, InvalidLiteralError):
+        return
+    rendered = to_sql(expr)
+    assert parse_predicate(rendered) == expr
+    partition = parse_predicate("`t`.`country` = 'DE'")
+    final = parse_predicate(f"({rendered}) AND ({to_sql(partition)})")
+    assert partition in split_conjuncts(final)
+
+
+@pytest.mark.parametrize(("text", "canonical"), [
+    ("CASE WHEN t.case = 1 THEN true ELSE true END = t.end", "(CASE WHEN `t`.`case` = 1 THEN TRUE ELSE TRUE END) = "
+                                                            "`t`.`end`"),
+    ("r'\\x' = \"a'b\"", "'\\\\x' = 'a\\'b'"),
+    ("upper(name) LIKE 'A%' ESCAPE '!'", "((upper(`name`)) LIKE 'A%' ESCAPE '!')"),
+    ("a + b * c > 1", "(`a` + (`b` * `c`)) > 1"),
+    ("x IS DISTINCT FROM y", "NOT `x` <=> `y`"),
+    ("d < current_date - INTERVAL 1 DAY", "`d` < ((CURRENT_DATE) - (INTERVAL 1 DAY))"),
+])
+def test_canonical_rendering(text: str, canonical: str) -> None:
+    assert to_sql(parse_predicate(text)) == canonical

@@ -1,0 +1,173 @@
+"""Bad input gets a typed error when the DAG file is parsed, before any table is read (issue #8)."""
+
+from __future__ import annotations
+
+import copy
+import math
+import pickle
+from typing import Any
+
+import pytest
+from airflow.sdk.definitions.retry_policy import RetryAction
+
+from airflow_delta_occ.engine.errors import DeltaOccError, PredicateSyntaxError
+from airflow_delta_occ.engine.sql_parser import MAX_DEPTH, parse_predicate
+from airflow_delta_occ.exceptions import (
+    JobSpecError,
+    PartitionSpecError,
+    SourceOutsidePartitionsError,
+    UnsafeExpressionError,
+)
+from airflow_delta_occ.hooks.delta import _raise_for_result
+from airflow_delta_occ.operators.delta import (
+    DeltaAppendOperator,
+    DeltaDeleteOperator,
+    DeltaMergeOperator,
+    DeltaOptimizeOperator,
+    DeltaOverwritePartitionsOperator,
+    DeltaUpdateOperator,
+)
+from airflow_delta_occ.partitions import NULL_PARTITION, partitions_mapping
+from airflow_delta_occ.queries import check_source_query
+from airflow_delta_occ.retry_policy import DeltaConflictRetryPolicy
+
+pytestmark = pytest.mark.unit
+
+T = {"task_id": "t", "table": "/lake/sales"}
+
+
+def merge(**kw: Any) -> DeltaMergeOperator:
+    kw.setdefault("source", "/lake/src")
+    kw.setdefault("merge_condition", "t.id = s.id")
+    return DeltaMergeOperator(**T, **kw)
+
+
+@pytest.mark.parametrize(("build", "match"), [
+    (lambda: merge(source_table="db.src"), "exactly one of source="),
+    (lambda: merge(source=None), "exactly one of source="),
+    (lambda: DeltaAppendOperator(**T), "exactly one of source="),
+    (lambda: merge(clauses=[{"kind": "matched_upsert"}]), "unknown merge clause kind 'matched_upsert'"),
+    (lambda: merge(clauses=[{"kind": "matched_update"}]), "needs a non-empty set"),
+    (lambda: merge(clauses=[{"kind": "matched_delete", "set": {"v": "1"}}]), "takes no set"),
+    (lambda: merge(clauses=[{"kind": "matched_delete", "when": "x"}]), "unknown field"),
+    (lambda: merge(clauses="matched_update_all"), "must be a list"),
+    (lambda: merge(clauses=[]), "at least one WHEN"),
+    (lambda: merge(clauses=[{"kind": "matched_update", "set": ["v"]}]), "set must be a mapping"),
+    (lambda: merge(target_alias="s"), "both 's'"),
+    (lambda: DeltaDeleteOperator(**T), "needs where= or partitions="),
+    (lambda: DeltaOverwritePartitionsOperator(**T, source="/s"), "needs partitions="),
+    (lambda: DeltaUpdateOperator(**T, set={}), "non-empty mapping"),
+    (lambda: DeltaUpdateOperator(**T, set="v = 1"), "non-empty mapping"),
+    (lambda: DeltaOptimizeOperator(**T, zorder_by="id"), "must be a list"),
+    (lambda: DeltaOptimizeOperator(**T, zorder_by=[1]), "column names"),
+    (lambda: merge(source_outside_partitions="ignore"), "source_outside_partitions"),
+    (lambda: DeltaDeleteOperator(task_id="t", table="", where="id = 1"), "non-empty string"),
+])
+def test_job_shape_errors_at_parse_time(build: Any, match: str) -> None:
+    with pytest.raises(JobSpecError, match=match):
+        build()
+
+
+@pytest.mark.parametrize(("partitions", "match"), [
+    (["date", "2024-01-01"], "must be a mapping"),
+    ("date=2024-01-01", "JSON object"),
+    ('["DE"]', "must be a mapping"),
+    ({"country": None}, "NULL_PARTITION"),
+    ({"country": "None"}, "rendered to 'None'"),
+    ({"country": ""}, "rendered to ''"),
+    ({"country": " NULL "}, "rendered to"),
+    ({"country": ["DE", None]}, "is None"),
+    ({"country": []}, "empty list"),
+    ({"country": {"a": 1}}, "flat list"),
+    ({"country": [["DE"]]}, "flat list"),
+    ({"": "DE"}, "column names"),
+    ({1: "DE"}, "column names"),
+    ("[" * 100_000 + "]" * 100_000, "JSON object"),
+])
+def test_partitions_shape_and_missing_values_at_parse_time(partitions: Any, match: str) -> None:
+    with pytest.raises(PartitionSpecError, match=match):
+        DeltaDeleteOperator(**T, partitions=partitions)
+
+
+def test_templates_wait_for_rendering_and_the_null_partition_is_explicit() -> None:
+    DeltaDeleteOperator(**T, partitions={"date": "{{ ds }}", "country": NULL_PARTITION})
+    DeltaDeleteOperator(**T, partitions="{{ params.partitions }}")
+    assert partitions_mapping('{"country": "DE"}') == {"country": "DE"}
+    with pytest.raises(PartitionSpecError, match="rendered to 'None'"):
+        partitions_mapping({"country": "None"}, rendered=True)
+    # The sentinel survives the copies Airflow makes of operators and their arguments.
+    assert copy.deepcopy({"c": NULL_PARTITION})["c"] is NULL_PARTITION
+    assert pickle.loads(pickle.dumps(NULL_PARTITION)) is NULL_PARTITION
+
+
+@pytest.mark.parametrize("policy", [
+    {"max_attempts": 2.5}, {"max_attempts": True}, {"max_attempts": 0}, {"max_attempts": 10**9},
+    {"initial_delay": math.nan}, {"max_delay": math.inf}, {"jitter": -1}, {"multiplier": "2"},
+    {"initial_delay": None},
+])
+def test_conflict_policy_numbers_must_be_finite_and_of_the_right_type(policy: dict[str, Any]) -> None:
+    with pytest.raises(JobSpecError, match="conflict_policies"):
+        merge(conflict_policies={"ConcurrentAppendException": policy})
+
+
+def test_conflict_policies_must_be_a_mapping() -> None:
+    with pytest.raises(JobSpecError, match="conflict_policies: expected a mapping"):
+        merge(conflict_policies=["ConcurrentAppendException"])
+
+
+@pytest.mark.parametrize("text", [
+    "(" * 10_000 + "id = 1" + ")" * 10_000,
+    "NOT " * 10_000 + "id = 1",
+    "- " * 10_000 + "1 = 1",
+    " AND ".join(["id = 1"] * 5_000),
+    "f(" * 5_000 + "1" + ")" * 5_000,
+    "CASE WHEN " * 3_000 + "true",
+    "a" + "[0]" * 10_000 + " = 1",
+])
+def test_deep_nesting_is_a_typed_error_not_a_recursion_error(text: str) -> None:
+    with pytest.raises(PredicateSyntaxError, match=r"levels|in a row|nested|signs"):
+        parse_predicate(text)
+    with pytest.raises(UnsafeExpressionError):
+        DeltaDeleteOperator(**T, where=text)
+
+
+def test_a_long_but_shallow_condition_is_accepted() -> None:
+    parse_predicate(" AND ".join(["id = 1"] * (MAX_DEPTH - 1)))
+    parse_predicate("id IN (" + ", ".join(map(str, range(5000))) + ")")
+
+
+@pytest.mark.parametrize("query", [
+    "WITH c AS (SELECT 1) DELETE FROM t",
+    "with c (x) as (select 1), d as (select 2) MERGE INTO t USING d ON true WHEN MATCHED THEN DELETE",
+    "WITH RECURSIVE c AS (SELECT 1) INSERT INTO t SELECT * FROM c",
+    "DELETE FROM t", "INSERT INTO t VALUES (1)", "DROP TABLE t", "CREATE TABLE x AS SELECT 1",
+    "SELECT 1; DROP TABLE t", "SELECT 1 -- hi", "SELECT 'unterminated", "",
+    "EXECUTE IMMEDIATE 'DROP TABLE t'", "BEGIN DELETE FROM t; END",
+])
+def test_source_query_must_be_a_query(query: str) -> None:
+    with pytest.raises(UnsafeExpressionError):
+        check_source_query(query)
+    with pytest.raises(JobSpecError):
+        merge(source=None, source_query=query)
+
+
+@pytest.mark.parametrize("query", [
+    "SELECT * FROM src", "  select 1 AS id", "WITH c AS (SELECT 1 AS id) SELECT * FROM c",
+    "WITH c(id) AS (SELECT 1), d AS (SELECT 2) SELECT * FROM c JOIN d", "(SELECT 1) UNION (SELECT 2)",
+    "VALUES (1, 2)", "FROM src SELECT id", "TABLE src", "SELECT ';' AS semicolon_in_a_string",
+])
+def test_queries_are_accepted(query: str) -> None:
+    assert check_source_query(query) == query
+
+
+def test_refusals_from_spark_submit_come_back_as_the_same_class_and_are_never_retried() -> None:
+    with pytest.raises(SourceOutsidePartitionsError, match="2 source row"):
+        _raise_for_result({"status": "rejected", "error_type": "SourceOutsidePartitionsError",
+                           "error": "2 source row(s) would be written outside"})
+    with pytest.raises(JobSpecError, match="SomethingElse: text"):
+        _raise_for_result({"status": "rejected", "error_type": "SomethingElse", "error": "text"})
+    policy = DeltaConflictRetryPolicy()
+    for error in (SourceOutsidePartitionsError("x", count=1), PartitionSpecError("x"), UnsafeExpressionError("x"),
+                  PredicateSyntaxError("x", text="x", position=0)):
+        assert isinstance(error, DeltaOccError)
+        assert policy.evaluate(error, 1, 3).action is RetryAction.FAIL

@@ -713,6 +713,10 @@ class _Parser:
             call = _opaque(f"{rendered}({', '.join(to_sql(a) for a in args)})", *args)
             return call if deterministic else Unknown(call.text, deterministic=False)
         names = [name for name, _ in parts]
+        if any("." in name for name in names):
+            # A dotted name is a path to a nested field in the expression model; a name that holds a
+            # dot itself cannot be told apart from one.
+            raise self.error("a column name that contains '.' is not supported in a condition", first)
         if len(names) == 1:
             return Column(names[0])
         return Column(".".join(names[1:]), qualifier=names[0])

@@ -16,6 +16,8 @@ from airflow_delta_occ.engine.sql_parser import Token, tokenize
 from .exceptions import UnsafeExpressionError
 
 QUERY_STARTS = ("select", "values", "from", "table")
+# Statement words that never appear outside parentheses in a query (quote a column named like them).
+WRITING_WORDS = ("insert", "update", "delete", "merge", "create", "drop", "alter", "truncate", "overwrite")
 
 
 def check_source_query(query: str) -> str:
@@ -31,12 +33,27 @@ def check_source_query(query: str) -> str:
         tokens = tokenize(query)
     except PredicateSyntaxError as exc:
         raise UnsafeExpressionError(f"source_query is not accepted: {exc}") from exc
-    main = tokens[_after_ctes(tokens)]
+    start = _after_ctes(tokens)
+    main = tokens[start]
     if not (main.is_keyword(*QUERY_STARTS) or main.kind == "lparen"):
         raise UnsafeExpressionError(
             "source_query must be a query (SELECT, VALUES, FROM, TABLE or WITH ... SELECT); its main statement "
             f"starts with {main.text or 'nothing'!r} at position {main.start}")
+    writer = next((t for t in _top_level(tokens[start:]) if t.is_keyword(*WRITING_WORDS)), None)
+    if writer is not None:  # ``FROM src INSERT INTO t SELECT ...`` is Spark's multi-insert statement
+        raise UnsafeExpressionError(f"source_query must be a query; it holds {writer.text.upper()} at position "
+                                    f"{writer.start}")
     return query
+
+
+def _top_level(tokens: Sequence[Token]) -> list[Token]:
+    """The tokens outside any parentheses."""
+    out, depth = [], 0
+    for token in tokens:
+        depth += {"lparen": 1, "rparen": -1}.get(token.kind, 0)
+        if depth == 0:
+            out.append(token)
+    return out
 
 
 def _after_ctes(tokens: Sequence[Token]) -> int:

@@ -143,6 +143,8 @@ def test_a_long_but_shallow_condition_is_accepted() -> None:
     "DELETE FROM t", "INSERT INTO t VALUES (1)", "DROP TABLE t", "CREATE TABLE x AS SELECT 1",
     "SELECT 1; DROP TABLE t", "SELECT 1 -- hi", "SELECT 'unterminated", "",
     "EXECUTE IMMEDIATE 'DROP TABLE t'", "BEGIN DELETE FROM t; END",
+    "FROM src INSERT INTO t SELECT *", "FROM src INSERT OVERWRITE TABLE t SELECT * INSERT INTO u SELECT *",
+    "WITH c AS (SELECT 1) FROM c INSERT INTO t SELECT *",
 ])
 def test_source_query_must_be_a_query(query: str) -> None:
     with pytest.raises(UnsafeExpressionError):
@@ -154,7 +156,8 @@ def test_source_query_must_be_a_query(query: str) -> None:
 @pytest.mark.parametrize("query", [
     "SELECT * FROM src", "  select 1 AS id", "WITH c AS (SELECT 1 AS id) SELECT * FROM c",
     "WITH c(id) AS (SELECT 1), d AS (SELECT 2) SELECT * FROM c JOIN d", "(SELECT 1) UNION (SELECT 2)",
-    "VALUES (1, 2)", "FROM src SELECT id", "TABLE src", "SELECT ';' AS semicolon_in_a_string",
+    "VALUES (1, 2)", "FROM src SELECT id", "TABLE src", "SELECT `delete` FROM src",
+    "SELECT * FROM (SELECT 1) AS insert_free", "SELECT ';' AS semicolon_in_a_string",
 ])
 def test_queries_are_accepted(query: str) -> None:
     assert check_source_query(query) == query

@@ -16,12 +16,20 @@ from typing import Any
 from airflow.sdk import RetryDecision, RetryPolicy
 from airflow.sdk.definitions.retry_policy import RetryAction
 
-from .engine.errors import InvalidCommitError, PredicateError, TableNotFoundError, UnsupportedProtocolError
+from .engine.errors import (
+    InvalidCommitError,
+    LogCorruptError,
+    PredicateError,
+    TableNotFoundError,
+    UnsupportedProtocolError,
+)
 from .exceptions import JobSpecError, SourceNotFoundError
 from .retry import ADVICE, DEFAULT_POLICIES, Action, ConflictFailure, ConflictKind, ConflictPolicy, classify_conflict
 
+# Retrying cannot fix these: bad job input (every JobSpecError), a missing table or source, a table
+# this engine cannot read, and a malformed log (Delta's commit files are written once, atomically).
 _NOT_RETRIABLE = (JobSpecError, PredicateError, TableNotFoundError, SourceNotFoundError, UnsupportedProtocolError,
-                  InvalidCommitError)
+                  InvalidCommitError, LogCorruptError)
 
 
 class DeltaConflictRetryPolicy(RetryPolicy):

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from airflow.sdk.definitions.retry_policy import RetryAction
 
-from airflow_delta_occ.engine.errors import DeltaOccError, PredicateSyntaxError
+from airflow_delta_occ.engine.errors import DeltaOccError, LogCorruptError, PredicateSyntaxError
 from airflow_delta_occ.engine.sql_parser import MAX_DEPTH, parse_predicate
 from airflow_delta_occ.exceptions import (
     JobSpecError,
@@ -171,6 +171,6 @@ def test_refusals_from_spark_submit_come_back_as_the_same_class_and_are_never_re
         _raise_for_result({"status": "rejected", "error_type": "SomethingElse", "error": "text"})
     policy = DeltaConflictRetryPolicy()
     for error in (SourceOutsidePartitionsError("x", count=1), PartitionSpecError("x"), UnsafeExpressionError("x"),
-                  PredicateSyntaxError("x", text="x", position=0)):
+                  PredicateSyntaxError("x", text="x", position=0), LogCorruptError("bad line", path="0.json", line=1)):
         assert isinstance(error, DeltaOccError)
         assert policy.evaluate(error, 1, 3).action is RetryAction.FAIL

@@ -26,6 +26,7 @@ Precedence, loosest first: OR, AND, NOT, predicates (IN, BETWEEN, LIKE, IS), com
 from __future__ import annotations
 
 import datetime as dt
+import math
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -54,6 +55,7 @@ NON_DETERMINISTIC_FUNCTIONS = frozenset(
      "current_date", "curdate", "unix_timestamp", "localtimestamp", "current_time", "try_reflect", "reflect",
      "java_method", "rand_str", "randstr", "uniform"}
 )
+REFLECTION_FUNCTIONS = frozenset({"reflect", "java_method", "try_reflect"})
 # Words that cannot start an operand; others (``date``, ``timestamp``, ...) can also name columns.
 _RESERVED = frozenset(
     {"and", "or", "not", "in", "is", "null", "true", "false", "between", "like", "rlike", "ilike", "regexp",
@@ -73,6 +75,9 @@ _BINARY_LEVELS: tuple[frozenset[str], ...] = (
 )
 _OPERATORS = ("<=>", ">>>", "<<", ">>", "<=", ">=", "<>", "!=", "==", "||", "::", "->", "=>", "=", "<", ">", "+",
               "-", "*", "/", "%", "&", "|", "^", "!", "~")
+# Suffixed numbers keep Spark's type (``0.1F`` is a FLOAT, and 0.1F != 0.1D).
+_NUMBER_SUFFIX_TYPES = {"f": PrimitiveType("float"), "l": PrimitiveType("long"), "s": PrimitiveType("short"),
+                        "y": PrimitiveType("byte")}
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "0": "\0", "Z": "\x1a", "%": "\\%", "_": "\\_"}
 _TYPES = frozenset({"boolean", "tinyint", "byte", "smallint", "short", "int", "integer", "bigint", "long", "float",
                     "real", "double", "date", "timestamp", "timestamp_ntz", "timestamp_ltz", "string", "binary",
@@ -141,7 +146,10 @@ def tokenize(text: str) -> list[Token]:
             raw = text[start:i]
             if i < n and (text[i].isalpha() or text[i] == "_"):
                 raise PredicateSyntaxError(f"malformed number {text[start:i + 1]!r}", text=text, position=start)
-            tokens.append(Token("number", raw, _number_value(raw, text, start), start, i))
+            number = _number_value(raw, text, start)
+            if isinstance(number, float) and not math.isfinite(number):
+                raise PredicateSyntaxError(f"number {raw!r} is out of range", text=text, position=start)
+            tokens.append(Token("number", raw, number, start, i))
         elif c in "'\"":
             value, i = _scan_string(text, i)
             tokens.append(Token("string", text[start:i], value, start, i))
@@ -212,7 +220,7 @@ def _number_value(raw: str, text: str, position: int) -> int | float | Decimal:
 
 
 def _scan_string(text: str, i: int) -> tuple[str, int]:
-    """A quoted string with Spark's escapes (``\\n``, ``\\uXXXX``, octal ``\\ddd``, doubled quotes)."""
+    """A quoted string with Spark's escapes (``\\n``, ``\\uXXXX``, ``\\UXXXXXXXX``, octal ``\\0dd``/``\\1dd``)."""
     quote = text[i]
     start = i
     i += 1
@@ -229,18 +237,17 @@ def _scan_string(text: str, i: int) -> tuple[str, int]:
             if nxt == "u" and _is_hex(text[i + 2:i + 6], 4):
                 buf.append(chr(int(text[i + 2:i + 6], 16)))
                 i += 6
-            elif nxt in "0123" and len(text) > i + 3 and all(d in "01234567" for d in text[i + 2:i + 4]):
+            elif nxt == "U" and _is_hex(text[i + 2:i + 10], 8) and int(text[i + 2:i + 10], 16) <= 0x10FFFF:
+                buf.append(chr(int(text[i + 2:i + 10], 16)))
+                i += 10
+            elif nxt in "01" and len(text) > i + 3 and all(d in "01234567" for d in text[i + 2:i + 4]):
                 buf.append(chr(int(text[i + 1:i + 4], 8)))
                 i += 4
             else:
                 buf.append(_ESCAPES.get(nxt, nxt))
                 i += 2
-        elif c == quote:
-            if i + 1 < n and text[i + 1] == quote:  # doubled quote stands for one quote
-                buf.append(quote)
-                i += 2
-            else:
-                return "".join(buf), i + 1
+        elif c == quote:  # Spark has no doubled-quote escape: 'a''b' is two literals, read as 'ab'
+            return "".join(buf), i + 1
         else:
             buf.append(c)
             i += 1
@@ -487,9 +494,10 @@ class _Parser:
                 raise self.error(f"more than {MAX_NESTING} signs in a row")
         expr = self.parse_postfix()
         for sign in reversed(signs):
-            if sign.text in "+-" and isinstance(expr, Literal) and expr.type is None and isinstance(
-                    expr.value, int | float | Decimal) and not isinstance(expr.value, bool):
-                expr = Literal(-expr.value if sign.text == "-" else expr.value, None)
+            if sign.text in "+-" and isinstance(expr, Literal) and (expr.type is None or expr.type.name in (
+                    "float", "long", "short", "byte")) and isinstance(expr.value, int | float | Decimal) \
+                    and not isinstance(expr.value, bool):
+                expr = Literal(-expr.value if sign.text == "-" else expr.value, expr.type)
             else:
                 expr = _opaque(f"{sign.text} {_operand(expr)}", expr)
         return expr
@@ -522,7 +530,8 @@ class _Parser:
         tok = self.tok
         if tok.kind == "number":
             self.advance()
-            return Literal(tok.value, None)
+            return Literal(tok.value, _NUMBER_SUFFIX_TYPES.get(tok.text[-1:].lower()) if tok.text[-2:].lower() != "bd"
+                           else None)
         if tok.kind == "string":
             self.advance()
             value = tok.value
@@ -709,6 +718,9 @@ class _Parser:
                 rendered = names[0]
             else:
                 rendered = ".".join(render_identifier(n) for n in names)
+            if names[-1].lower() in REFLECTION_FUNCTIONS:
+                raise self.error(f"{names[-1]}() calls Java methods on the cluster; it is not accepted in a "
+                                 "condition", first)
             deterministic = names[-1].lower() not in NON_DETERMINISTIC_FUNCTIONS
             call = _opaque(f"{rendered}({', '.join(to_sql(a) for a in args)})", *args)
             return call if deterministic else Unknown(call.text, deterministic=False)
@@ -779,18 +791,25 @@ def _operand(expr: Expr) -> str:
 
 
 def render_literal(value: Any, data_type: Any = None) -> str:
-    """Spark SQL for a literal value, escaped for Spark's default string parser."""
+    """Spark SQL for a literal value, escaped for Spark's default string parser.
+
+    ``data_type`` keeps a FLOAT a FLOAT (``0.1F``) and a LONG a LONG; Spark compares a FLOAT column
+    with ``0.1D`` after widening it to DOUBLE, where the two differ.
+    """
     if value is None:
         return "NULL"
     if isinstance(value, bool):
         return "TRUE" if value else "FALSE"
+    type_name = getattr(data_type, "name", None)
     if isinstance(value, int):
-        return str(value) + ("L" if not -(2**31) <= value < 2**31 else "")
+        suffix = {"long": "L", "short": "S", "byte": "Y"}.get(str(type_name), "")
+        return str(value) + (suffix or ("L" if not -(2**31) <= value < 2**31 else ""))
     if isinstance(value, float):
+        sql_type = "FLOAT" if type_name == "float" else "DOUBLE"
         if value != value or value in (float("inf"), float("-inf")):
             word = "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
-            return f"CAST('{word}' AS DOUBLE)"
-        return repr(value) + "D"
+            return f"CAST('{word}' AS {sql_type})"
+        return repr(value) + ("F" if type_name == "float" else "D")
     if isinstance(value, Decimal):
         return f"{value}BD"
     if isinstance(value, dt.datetime):

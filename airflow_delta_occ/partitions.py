@@ -21,7 +21,7 @@ from typing import Any
 
 from airflow_delta_occ.engine.errors import InvalidLiteralError, PredicateError
 from airflow_delta_occ.engine.expressions import Expr
-from airflow_delta_occ.engine.schema import StructType
+from airflow_delta_occ.engine.schema import DataType, StructType
 from airflow_delta_occ.engine.sql_parser import parse_predicate, render_identifier, render_literal, to_sql
 from airflow_delta_occ.engine.values import coerce_literal
 
@@ -63,6 +63,7 @@ class PartitionFilter:
     """Typed partition values by logical column name; ``None`` in a tuple means NULL."""
 
     values: tuple[tuple[str, tuple[Any, ...]], ...]
+    types: tuple[tuple[str, DataType], ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self.values)
@@ -70,6 +71,9 @@ class PartitionFilter:
     @property
     def columns(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self.values)
+
+    def type_of(self, name: str) -> DataType | None:
+        return dict(self.types).get(name)
 
     def to_sql(self, alias: str | None = None) -> str:
         """``t.`date` = DATE'2024-01-01' AND t.`country` IN ('DE', 'FR')`` (empty when unconstrained)."""
@@ -79,14 +83,16 @@ class PartitionFilter:
     def over(self, operands: Mapping[str, str]) -> str:
         """The filter with each column replaced by an SQL operand (a source column, an insert value)."""
         parts = []
+        types = dict(self.types)
         for name, options in self.values:
             column = operands[name]
+            data_type = types.get(name)
             non_null = [o for o in options if o is not None]
             terms = []
             if len(non_null) == 1:
-                terms.append(f"{column} = {render_literal(non_null[0])}")
+                terms.append(f"{column} = {render_literal(non_null[0], data_type)}")
             elif non_null:
-                terms.append(f"{column} IN ({', '.join(render_literal(o) for o in non_null)})")
+                terms.append(f"{column} IN ({', '.join(render_literal(o, data_type) for o in non_null)})")
             if len(non_null) != len(options):
                 terms.append(f"{column} IS NULL")
             parts.append(terms[0] if len(terms) == 1 else "(" + " OR ".join(terms) + ")")
@@ -116,6 +122,9 @@ def partitions_mapping(partitions: Any, *, rendered: bool = True) -> Mapping[str
     if not isinstance(partitions, Mapping):
         raise PartitionSpecError(f"partitions must be a mapping of partition column to value(s), got "
                                  f"{type(partitions).__name__} {_short(partitions)}")
+    if not partitions:
+        raise PartitionSpecError("partitions is empty: it would confine the job to nothing, so it would touch every "
+                                 "partition (leave partitions= out to mean the whole table)")
     for key, raw in partitions.items():
         if not isinstance(key, str) or not key.strip():
             raise PartitionSpecError(f"partitions keys must be column names, got {key!r}")
@@ -139,6 +148,9 @@ def _check_value(key: str, value: Any, rendered: bool) -> None:
             "the NULL partition. Pass airflow_delta_occ.partitions.NULL_PARTITION to mean the NULL partition.")
     if isinstance(value, Mapping | list | tuple | set | frozenset):
         raise PartitionSpecError(f"partitions[{key!r}] holds a {type(value).__name__}; give a value or a flat list")
+    if isinstance(value, bytes | bytearray) and not value:
+        raise PartitionSpecError(f"partitions[{key!r}] is empty bytes, which Delta stores as NULL; pass NULL_PARTITION "
+                                 "to mean the NULL partition")
     if isinstance(value, str):
         if not rendered and "{{" in value:
             return
@@ -163,10 +175,11 @@ def build_partition_filter(schema: StructType, partition_columns: Sequence[str],
             value that rendered to nothing, or a value that is not a valid value of the column's type.
     """
     mapping = partitions_mapping(partitions)
-    if not mapping:
+    if mapping is None:
         return PartitionFilter(())
     by_lower = {c.lower(): c for c in partition_columns}
     out: dict[str, tuple[Any, ...]] = {}
+    types: dict[str, DataType] = {}
     for key, raw in mapping.items():
         name = by_lower.get(str(key).lower())
         if name is None:
@@ -188,7 +201,8 @@ def build_partition_filter(schema: StructType, partition_columns: Sequence[str],
             except InvalidLiteralError as exc:
                 raise PartitionSpecError(f"partitions[{key!r}]: {exc}") from exc
         out[name] = tuple(dict.fromkeys(typed))
-    return PartitionFilter(tuple(out.items()))
+        types[name] = field.type
+    return PartitionFilter(tuple(out.items()), tuple(types.items()))
 
 
 def parse_expression(text: Any, what: str) -> Expr:

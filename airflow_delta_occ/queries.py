@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from airflow_delta_occ.engine.errors import PredicateSyntaxError
-from airflow_delta_occ.engine.sql_parser import Token, tokenize
+from airflow_delta_occ.engine.sql_parser import REFLECTION_FUNCTIONS, Token, tokenize
 
 from .exceptions import UnsafeExpressionError
 
 QUERY_STARTS = ("select", "values", "from", "table")
-# Statement words that never appear outside parentheses in a query (quote a column named like them).
+# Statement words that never appear unquoted in a query (quote a column named like them).
 WRITING_WORDS = ("insert", "update", "delete", "merge", "create", "drop", "alter", "truncate", "overwrite")
 
 
@@ -39,21 +39,19 @@ def check_source_query(query: str) -> str:
         raise UnsafeExpressionError(
             "source_query must be a query (SELECT, VALUES, FROM, TABLE or WITH ... SELECT); its main statement "
             f"starts with {main.text or 'nothing'!r} at position {main.start}")
-    writer = next((t for t in _top_level(tokens[start:]) if t.is_keyword(*WRITING_WORDS)), None)
-    if writer is not None:  # ``FROM src INSERT INTO t SELECT ...`` is Spark's multi-insert statement
-        raise UnsafeExpressionError(f"source_query must be a query; it holds {writer.text.upper()} at position "
-                                    f"{writer.start}")
-    return query
-
-
-def _top_level(tokens: Sequence[Token]) -> list[Token]:
-    """The tokens outside any parentheses."""
-    out, depth = [], 0
+    depth = 0
     for token in tokens:
         depth += {"lparen": 1, "rparen": -1}.get(token.kind, 0)
-        if depth == 0:
-            out.append(token)
-    return out
+        if depth < 0:
+            raise UnsafeExpressionError(f"source_query closes a parenthesis it never opened at position {token.start}")
+        # ``FROM src INSERT INTO t SELECT ...`` is Spark's multi-insert statement, in parentheses or not.
+        if token.is_keyword(*WRITING_WORDS, *REFLECTION_FUNCTIONS):
+            raise UnsafeExpressionError(f"source_query must be a query that writes nothing and calls no Java "
+                                        f"methods; it holds {token.text!r} at position {token.start} (quote a "
+                                        "column of that name in backticks)")
+    if depth:
+        raise UnsafeExpressionError("source_query has unbalanced parentheses")
+    return query
 
 
 def _after_ctes(tokens: Sequence[Token]) -> int:

@@ -3,12 +3,14 @@
 ``strict_partitions=True`` promises that a job states which partitions it touches. A top-level
 conjunct over partition columns is the form Delta's conflict check reads, but the form alone proves
 nothing: ``country = 'DE' OR 1 = 1`` is such a conjunct and admits every partition. The test here is
-semantic: a conjunct confines the job when some partition value makes it not TRUE.
+semantic: a conjunct confines the job when some partition of non-NULL values makes it not TRUE.
+Excluding only the NULL partition (``country IS NOT NULL``, ``country = 'DE' OR country <> 'DE'``)
+confines nothing a user would call a partition.
 
 It is decided by evaluating the conjunct on witness values. Every atom the engine models compares
 one partition column with literals, so its truth value is constant on each literal and on each
 open interval between consecutive literals (and below the smallest, above the largest). One
-witness per such region, plus NULL, covers every case, so the answer is exact for conjuncts the
+witness per such region covers every case, so the answer is exact for conjuncts the
 engine models; anything it does not model (an ``Unknown``) is not counted as a constraint.
 """
 
@@ -41,7 +43,7 @@ def confining_conjuncts(expr: Expr, partition_types: Mapping[str, DataType]) -> 
 
 
 def excludes_some_partition(conjunct: Expr, partition_types: Mapping[str, DataType]) -> bool:
-    """Whether a bound, partition-only ``conjunct`` is not TRUE for some partition value.
+    """Whether a bound, partition-only ``conjunct`` is not TRUE for some partition of non-NULL values.
 
     When the witnesses are too many to try (a conjunct over many columns with many literals), the
     answer is ``False``: a strict check would rather refuse than wave through.
@@ -75,13 +77,13 @@ def _literals(expr: Expr, column: str) -> list[Any]:
 
 
 def _witnesses(literals: Collection[Any], data_type: DataType | None) -> list[Any]:
-    """NULL, each literal, and values just below and above each one.
+    """Each literal and values just below and above each one (never NULL: see the module doc).
 
     A value just above a literal lies inside the open interval up to the next literal (when that
     interval is not empty), and one below the smallest lies under all of them, so every region of
     the line gets a witness without ordering the literals.
     """
-    values: list[Any] = [None]
+    values: list[Any] = []
     if not literals:
         values.append(_ANY_VALUE.get(data_type.name if data_type else "", ""))
         return values

@@ -19,6 +19,7 @@ from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_delta_occ.engine import DeltaLog, Snapshot
 from airflow_delta_occ.engine.constraints import confining_conjuncts
+from airflow_delta_occ.engine.expressions import is_deterministic
 from airflow_delta_occ.engine.sql_parser import render_identifier, to_sql
 from airflow_delta_occ.exceptions import (
     CommitNotConfirmedError,
@@ -274,6 +275,47 @@ def _partition_column(snapshot: Snapshot, name: str) -> bool:
     return name.lower() in {c.lower() for c in snapshot.partition_columns}
 
 
+def _refuse_moving_rows(snapshot: Snapshot, name: str, what: str) -> None:
+    """Refuse setting a column that decides a row's partition: the partition column itself, or a
+    column a generated partition column is computed from (Delta recomputes it on UPDATE and MERGE)."""
+    if _partition_column(snapshot, name):
+        raise JobSpecError(f"{what} sets partition column {name!r}: it would move rows out of the partitions the "
+                           "job is confined to")
+    for column in snapshot.partition_columns:
+        field = snapshot.schema.find(column)
+        expression = field.metadata.get(GENERATION_EXPRESSION) if field is not None else None
+        if isinstance(expression, str) and name.lower() in _names_in(expression):
+            raise JobSpecError(f"{what} sets {name!r}, from which partition column {column!r} is generated "
+                               f"({expression}): it would move rows out of the partitions the job is confined to")
+
+
+GENERATION_EXPRESSION = "delta.generationExpression"
+
+
+def _names_in(expression: str) -> set[str]:
+    """Every name in a generation expression, lower-cased (a superset of the columns it reads)."""
+    from airflow_delta_occ.engine.errors import PredicateSyntaxError
+    from airflow_delta_occ.engine.sql_parser import tokenize
+
+    try:
+        return {str(t.value).lower() for t in tokenize(expression) if t.kind in ("ident", "qident")}
+    except PredicateSyntaxError:  # cannot read it: every column may feed it
+        return {"*"} | {w.lower() for w in expression.replace("`", " ").split()}
+
+
+def _typed(operands: Mapping[str, str], pfilter: PartitionFilter) -> dict[str, str]:
+    """Each written value cast to its partition column's type, as Delta casts it when writing.
+
+    A source ``hour INT`` of 7 equals the string partition ``'07'`` when Spark compares them, but
+    is written as ``'7'``: the check must compare what will be written.
+    """
+    out = {}
+    for name, operand in operands.items():
+        data_type = pfilter.type_of(name)
+        out[name] = f"TRY_CAST({operand} AS {data_type.simple_string()})" if data_type is not None else operand
+    return out
+
+
 class DeltaMergeOperator(DeltaBaseOperator):
     """MERGE a source into a Delta table.
 
@@ -331,16 +373,35 @@ class DeltaMergeOperator(DeltaBaseOperator):
                 name = _column_name(snapshot, key, f"clauses[{i}].set")
                 if name in values:
                     raise JobSpecError(f"clauses[{i}].set names {name!r} twice")
-                if pfilter and kind != "not_matched_insert" and _partition_column(snapshot, name):
-                    raise JobSpecError(f"clauses[{i}] ({kind}) sets partition column {name!r}: it would move rows "
-                                       "out of the partitions the job is confined to")
-                values[name] = render_expression(str(value), f"clauses[{i}].set[{key}]")
+                expr = parse_expression(str(value), f"clauses[{i}].set[{key}]")
+                if pfilter and kind != "not_matched_insert":
+                    _refuse_moving_rows(snapshot, name, f"clauses[{i}] ({kind})")
+                if pfilter and kind == "not_matched_insert" and _partition_column(snapshot, name) \
+                        and not is_deterministic(expr):
+                    raise JobSpecError(f"clauses[{i}].set[{key}] writes partition column {name!r} with a "
+                                       "non-deterministic expression: the rows it inserts cannot be checked "
+                                       "against partitions= before they are written")
+                values[name] = to_sql(expr)
             if kind in _WRITES_FROM_SOURCE_ALL:
                 writes.append({c: source_prefix + render_identifier(c) for c in pfilter.columns})
-            elif kind == "not_matched_insert":
-                writes.append({c: f"({values[c]})" if c in values else "NULL" for c in pfilter.columns})
+            elif kind == "not_matched_insert" and pfilter:
+                missing = [c for c in pfilter.columns if c not in values]
+                if missing:
+                    raise JobSpecError(f"clauses[{i}] (not_matched_insert) does not set partition column(s) "
+                                       f"{', '.join(missing)}: its rows would land outside the partitions")
+                writes.append({c: f"({values[c]})" for c in pfilter.columns})
             clauses.append(MergeClause(kind=kind, condition=cond, set=values))
-        checks = list(dict.fromkeys(pfilter.over(w) for w in writes)) if pfilter else []
+        if not pfilter and any(c.kind.startswith("not_matched_by_source") for c in clauses):
+            message = ("a MERGE with NOT MATCHED BY SOURCE clauses and no partitions= applies them to every row of "
+                       "the table that the source does not match, in every partition")
+            if self.strict_partitions:
+                raise MissingPartitionConstraintError(message + "; pass partitions= to confine it")
+            self.log.warning(message)
+        if self.strict_partitions and not pfilter:
+            raise MissingPartitionConstraintError(
+                "strict_partitions needs partitions= on a MERGE: only then are its NOT MATCHED BY SOURCE clauses and "
+                "its source rows confined too, not just its ON condition")
+        checks = list(dict.fromkeys(pfilter.over(_typed(w, pfilter)) for w in writes)) if pfilter else []
         return JobSpec(operation="merge", **self._common(snapshot, run),
                        source=_source(self.source, self.source_table, self.source_query, self.source_format),
                        condition=condition, partition_filter=pfilter.to_sql() or None, clauses=tuple(clauses),
@@ -372,9 +433,8 @@ class DeltaUpdateOperator(DeltaBaseOperator):
             name = _column_name(snapshot, key, "set")
             if name in values:
                 raise JobSpecError(f"set names {name!r} twice")
-            if pfilter and _partition_column(snapshot, name):
-                raise JobSpecError(f"set names partition column {name!r}: the UPDATE would move rows out of the "
-                                   "partitions it is confined to")
+            if pfilter:
+                _refuse_moving_rows(snapshot, name, "the UPDATE")
             values[name] = render_expression(str(value), f"set[{key}]")
         return JobSpec(operation="update", **self._common(snapshot, run), condition=condition,
                        partition_filter=pfilter.to_sql() or None, set=values)
@@ -454,8 +514,8 @@ class DeltaAppendOperator(DeltaBaseOperator):
     def _source_check(self, pfilter: PartitionFilter) -> dict[str, Any]:
         if not pfilter:
             return {}
-        return {"source_check": pfilter.to_sql("s"),
-                "source_values": {c: f"`s`.{render_identifier(c)}" for c in pfilter.columns}}
+        values = {c: f"`s`.{render_identifier(c)}" for c in pfilter.columns}
+        return {"source_check": pfilter.over(_typed(values, pfilter)), "source_values": values}
 
     def build_spec(self, snapshot: Snapshot, run: RunIdentity) -> JobSpec:
         pfilter = self._partition_filter(snapshot)

@@ -291,6 +291,12 @@ def test_source_query_that_is_not_a_query_is_refused_before_anything_runs(spark:
     ("country <> 'DE'", True),
     ("date >= '2024-01-01' AND id = 1", True),
     ("NOT (country = 'DE' OR 1=1)", True),
+    # Excluding only NULL, or only impossible values, confines nothing.
+    ("country = 'DE' OR country <> 'DE'", False),
+    ("NOT (country IS NULL)", False),
+    ("country >= ''", False),
+    ("date >= DATE'0001-01-01'", False),
+    ("country IS NULL", True),
 ])
 def test_strict_partitions_checks_what_the_condition_confines(sales: str, where: str, confined: bool) -> None:
     snapshot = DeltaLog.for_table(sales).snapshot()
@@ -318,3 +324,45 @@ def test_identifiers_resolve_case_insensitively_and_are_quoted_once(spark: Any, 
     assert spec.zorder_by == ("id",)
     DeltaUpdateOperator(task_id="u", table=sales, set={"V": "v + 1"}, partitions=DE).execute(context("u"))
     assert rows(spark, sales)[:2] == [(1, 1, "DE"), (2, 1, "DE")]
+
+
+def test_merge_confinement_needs_partitions_under_strict(sales: str) -> None:
+    snapshot = DeltaLog.for_table(sales).snapshot()
+    confined_on = "t.id = s.id AND t.date = DATE'2024-01-01' AND t.country = 'DE'"
+    op = DeltaMergeOperator(task_id="m", table=sales, source="/s", merge_condition=confined_on, strict_partitions=True,
+                            clauses=[{"kind": "matched_update_all"}, {"kind": "not_matched_by_source_delete"}])
+    with pytest.raises(MissingPartitionConstraintError, match="NOT MATCHED BY SOURCE"):
+        op.build_spec(snapshot, RunIdentity("sales", "m", "r"))
+
+
+def test_insert_clauses_must_write_inside_the_partitions_deterministically(sales: str) -> None:
+    snapshot = DeltaLog.for_table(sales).snapshot()
+    for values, match in (({"id": "s.id", "v": "s.v", "date": "s.date"}, "does not set partition column"),
+                          ({"id": "s.id", "v": "s.v", "date": "current_date", "country": "'DE'"}, "non-deterministic")):
+        op = DeltaMergeOperator(task_id="m", table=sales, source="/s", merge_condition="t.id = s.id", partitions=DE,
+                                clauses=[{"kind": "not_matched_insert", "set": values}])
+        with pytest.raises(JobSpecError, match=match):
+            op.build_spec(snapshot, RunIdentity("sales", "m", "r"))
+
+
+def test_source_values_are_checked_as_the_values_delta_writes(spark: Any, tmp_path: Any) -> None:
+    """A source ``hour INT`` 7 equals the string partition '07' in Spark's comparison but is written as '7'."""
+    table = str(tmp_path / "hours")
+    spark.sql(f"CREATE TABLE delta.`{table}` (id INT, hour STRING) USING delta PARTITIONED BY (hour)")
+    spark.sql(f"INSERT INTO delta.`{table}` VALUES (1, '07')")
+    src = str(tmp_path / "hours_src")
+    spark.sql("SELECT 2 AS id, 7 AS hour").write.format("delta").save(src)
+    before = version(table)
+    with pytest.raises(SourceOutsidePartitionsError, match="1 source row"):
+        DeltaAppendOperator(task_id="a", table=table, source=src, partitions={"hour": "07"}).execute(context("a"))
+    assert version(table) == before
+
+
+def test_columns_a_generated_partition_column_reads_cannot_be_set(spark: Any, tmp_path: Any) -> None:
+    table = str(tmp_path / "events")
+    spark.sql(f"CREATE TABLE delta.`{table}` (id INT, ts TIMESTAMP, d DATE GENERATED ALWAYS AS (CAST(ts AS DATE))) "
+              "USING delta PARTITIONED BY (d)")
+    snapshot = DeltaLog.for_table(table).snapshot()
+    op = DeltaUpdateOperator(task_id="u", table=table, set={"TS": "ts + INTERVAL 3 DAYS"}, partitions={"d": "2024-01-01"})
+    with pytest.raises(JobSpecError, match="partition column 'd' is generated"):
+        op.build_spec(snapshot, RunIdentity("events", "u", "r"))

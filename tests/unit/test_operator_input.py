@@ -83,6 +83,9 @@ def test_job_shape_errors_at_parse_time(build: Any, match: str) -> None:
     ({"": "DE"}, "column names"),
     ({1: "DE"}, "column names"),
     ("[" * 100_000 + "]" * 100_000, "JSON object"),
+    ({}, "partitions is empty"),
+    ("{}", "partitions is empty"),
+    ({"country": b""}, "empty bytes"),
 ])
 def test_partitions_shape_and_missing_values_at_parse_time(partitions: Any, match: str) -> None:
     with pytest.raises(PartitionSpecError, match=match):
@@ -144,7 +147,9 @@ def test_a_long_but_shallow_condition_is_accepted() -> None:
     "SELECT 1; DROP TABLE t", "SELECT 1 -- hi", "SELECT 'unterminated", "",
     "EXECUTE IMMEDIATE 'DROP TABLE t'", "BEGIN DELETE FROM t; END",
     "FROM src INSERT INTO t SELECT *", "FROM src INSERT OVERWRITE TABLE t SELECT * INSERT INTO u SELECT *",
-    "WITH c AS (SELECT 1) FROM c INSERT INTO t SELECT *",
+    "WITH c AS (SELECT 1) FROM c INSERT INTO t SELECT *", "(FROM src INSERT INTO t SELECT *)",
+    "WITH a AS (SELECT 1) (INSERT INTO t SELECT 1)", "SELECT * FROM (FROM s INSERT INTO t SELECT *)",
+    "SELECT 1) AS a, (SELECT 2", "SELECT reflect('java.lang.System', 'exit', 0)",
 ])
 def test_source_query_must_be_a_query(query: str) -> None:
     with pytest.raises(UnsafeExpressionError):
@@ -157,7 +162,7 @@ def test_source_query_must_be_a_query(query: str) -> None:
     "SELECT * FROM src", "  select 1 AS id", "WITH c AS (SELECT 1 AS id) SELECT * FROM c",
     "WITH c(id) AS (SELECT 1), d AS (SELECT 2) SELECT * FROM c JOIN d", "(SELECT 1) UNION (SELECT 2)",
     "VALUES (1, 2)", "FROM src SELECT id", "TABLE src", "SELECT `delete` FROM src",
-    "SELECT * FROM (SELECT 1) AS insert_free", "SELECT ';' AS semicolon_in_a_string",
+    "SELECT * FROM (SELECT 1) AS insert_free", "SELECT 'INSERT INTO t' AS text", "SELECT ';' AS semicolon_in_a_string",
 ])
 def test_queries_are_accepted(query: str) -> None:
     assert check_source_query(query) == query

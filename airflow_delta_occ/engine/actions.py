@@ -1,16 +1,18 @@
 """Delta log actions as frozen dataclasses, parsed from JSON commit lines and checkpoint rows.
 
-One parser serves both sources: a checkpoint row converted with pyarrow's ``to_pylist`` has the
-same field names as a JSON action, except that maps arrive as lists of ``(key, value)`` pairs.
-Fields the engine does not know are ignored, as the protocol asks of readers; the original
+One parser serves both sources: a checkpoint row converted with pyarrow's
+``to_pylist(maps_as_pydicts="strict")`` has the same shape as a JSON action. Every field the
+engine reads is checked (JSON type, non-negative 64-bit integers, strings in maps) and a defect is a
+``MalformedActionError``, which ``decode_action`` turns into a ``LogCorruptError`` naming the file
+and line. Fields the engine does not know are ignored, as the protocol asks of readers; the original
 dictionary stays available as ``raw`` on the actions whose payload is passed on to users.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -35,15 +37,116 @@ ISOLATION_LEVEL_KEY = "delta.isolationLevel"
 DEFAULT_ISOLATION_LEVEL = "WriteSerializable"
 
 
-def _as_map(value: Any) -> dict[str, Any]:
-    """Maps come as dicts from JSON and as lists of pairs from Parquet checkpoints."""
+INT64_MAX = 2**63 - 1
+
+
+class MalformedActionError(ValueError):
+    """A field of an action is missing, of the wrong JSON type or out of range.
+
+    Raised by the ``from_dict`` parsers; the callers turn it into a ``LogCorruptError`` naming the
+    file (and line) the action came from.
+    """
+
+
+def _type_name(value: Any) -> str:
+    names = {dict: "an object", list: "an array", tuple: "an array", str: "a string", bool: "a boolean",
+             int: "an integer", float: "a number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _object(value: Any, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise MalformedActionError(f"{what} must be an object, got {_type_name(value)}")
+    return value
+
+
+def _check_str(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise MalformedActionError(f"{what} must be a string, got {_type_name(value)}")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise MalformedActionError(f"{what} is not valid Unicode (lone surrogate)") from None
+    return value
+
+
+def _str(d: Mapping[str, Any], key: str, default: str | None = None) -> str:
+    value = d.get(key)
     if value is None:
-        return {}
-    if isinstance(value, dict):
-        return value
-    if isinstance(value, list):
-        return {k: v for k, v in value}
-    raise TypeError(f"expected a map, got {type(value).__name__}")
+        if default is None:
+            raise MalformedActionError(f"required field {key!r} is missing")
+        return default
+    return _check_str(value, repr(key))
+
+
+def _opt_str(d: Mapping[str, Any], key: str) -> str | None:
+    value = d.get(key)
+    return None if value is None else _check_str(value, repr(key))
+
+
+def _long(d: Mapping[str, Any], key: str, default: int | None = None) -> int:
+    """A non-negative 64-bit integer (sizes, versions, times); JSON booleans and fractions are refused."""
+    value = d.get(key)
+    if value is None:
+        if default is None:
+            raise MalformedActionError(f"required field {key!r} is missing")
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise MalformedActionError(f"{key!r} must be an integer, got {_type_name(value)}")
+    if not 0 <= value <= INT64_MAX:
+        raise MalformedActionError(f"{key!r} must be between 0 and 2^63-1, got {value}")
+    return value
+
+
+def _opt_long(d: Mapping[str, Any], key: str) -> int | None:
+    return None if d.get(key) is None else _long(d, key)
+
+
+def _opt_bool(d: Mapping[str, Any], key: str) -> bool | None:
+    value = d.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise MalformedActionError(f"{key!r} must be a boolean, got {_type_name(value)}")
+    return value
+
+
+def _bool(d: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = _opt_bool(d, key)
+    return default if value is None else value
+
+
+def _str_list(d: Mapping[str, Any], key: str) -> tuple[str, ...] | None:
+    value = d.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise MalformedActionError(f"{key!r} must be an array of strings, got {_type_name(value)}")
+    return tuple(_check_str(item, f"an element of {key!r}") for item in value)
+
+
+def _str_map(d: Mapping[str, Any], key: str, *, null_values: bool = False) -> dict[str, Any] | None:
+    """A map of strings (with ``null_values``, values may be null)."""
+    value = d.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise MalformedActionError(f"{key!r} must be an object of strings, got {_type_name(value)}")
+    for k, v in value.items():
+        _check_str(k, f"a key of {key!r}")
+        if v is not None or not null_values:
+            _check_str(v, f"{key}[{k!r}]")
+    return value
+
+
+def _json_map(d: Mapping[str, Any], key: str) -> None:
+    """A free-form object (commitInfo's operationParameters, operationMetrics)."""
+    value = d.get(key)
+    if value is not None and not isinstance(value, dict):
+        raise MalformedActionError(f"{key!r} must be an object, got {_type_name(value)}")
+
+
+def _as_map(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def _opt_int(value: Any) -> int | None:
@@ -69,17 +172,18 @@ class DeletionVectorDescriptor:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> DeletionVectorDescriptor:
         return cls(
-            storage_type=str(d["storageType"]),
-            path_or_inline_dv=str(d["pathOrInlineDv"]),
-            size_in_bytes=int(d["sizeInBytes"]),
-            cardinality=int(d["cardinality"]),
-            offset=_opt_int(d.get("offset")),
-            max_row_index=_opt_int(d.get("maxRowIndex")),
+            storage_type=_str(d, "storageType"),
+            path_or_inline_dv=_str(d, "pathOrInlineDv"),
+            size_in_bytes=_long(d, "sizeInBytes"),
+            cardinality=_long(d, "cardinality"),
+            offset=_opt_long(d, "offset"),
+            max_row_index=_opt_long(d, "maxRowIndex"),
         )
 
 
-def _dv(value: Any) -> DeletionVectorDescriptor | None:
-    return None if value is None else DeletionVectorDescriptor.from_dict(value)
+def _dv(d: Mapping[str, Any]) -> DeletionVectorDescriptor | None:
+    value = d.get("deletionVector")
+    return None if value is None else DeletionVectorDescriptor.from_dict(_object(value, "'deletionVector'"))
 
 
 def file_key(path: str, dv: DeletionVectorDescriptor | None) -> tuple[str, str]:
@@ -97,7 +201,7 @@ class AddFile:
     modification_time: int
     data_change: bool
     stats: str | None = None
-    tags: Mapping[str, str] | None = None
+    tags: Mapping[str, str | None] | None = None
     deletion_vector: DeletionVectorDescriptor | None = None
     base_row_id: int | None = None
     default_row_commit_version: int | None = None
@@ -109,19 +213,18 @@ class AddFile:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> AddFile:
-        tags = d.get("tags")
         return cls(
-            path=str(d["path"]),
-            partition_values=_as_map(d.get("partitionValues")),
-            size=int(d.get("size") or 0),
-            modification_time=int(d.get("modificationTime") or 0),
-            data_change=bool(d.get("dataChange", True)),
-            stats=d.get("stats"),
-            tags=_as_map(tags) if tags is not None else None,
-            deletion_vector=_dv(d.get("deletionVector")),
-            base_row_id=_opt_int(d.get("baseRowId")),
-            default_row_commit_version=_opt_int(d.get("defaultRowCommitVersion")),
-            clustering_provider=d.get("clusteringProvider"),
+            path=_str(d, "path"),
+            partition_values=_str_map(d, "partitionValues", null_values=True) or {},
+            size=_long(d, "size", 0),
+            modification_time=_long(d, "modificationTime", 0),
+            data_change=_bool(d, "dataChange", True),
+            stats=_opt_str(d, "stats"),
+            tags=_str_map(d, "tags", null_values=True),
+            deletion_vector=_dv(d),
+            base_row_id=_opt_long(d, "baseRowId"),
+            default_row_commit_version=_opt_long(d, "defaultRowCommitVersion"),
+            clustering_provider=_opt_str(d, "clusteringProvider"),
         )
 
 
@@ -145,17 +248,16 @@ class RemoveFile:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RemoveFile:
-        pv = d.get("partitionValues")
         return cls(
-            path=str(d["path"]),
-            data_change=bool(d.get("dataChange", True)),
-            deletion_timestamp=_opt_int(d.get("deletionTimestamp")),
-            partition_values=_as_map(pv) if pv is not None else None,
-            size=_opt_int(d.get("size")),
-            deletion_vector=_dv(d.get("deletionVector")),
-            extended_file_metadata=d.get("extendedFileMetadata"),
-            base_row_id=_opt_int(d.get("baseRowId")),
-            default_row_commit_version=_opt_int(d.get("defaultRowCommitVersion")),
+            path=_str(d, "path"),
+            data_change=_bool(d, "dataChange", True),
+            deletion_timestamp=_opt_long(d, "deletionTimestamp"),
+            partition_values=_str_map(d, "partitionValues", null_values=True),
+            size=_opt_long(d, "size"),
+            deletion_vector=_dv(d),
+            extended_file_metadata=_opt_bool(d, "extendedFileMetadata"),
+            base_row_id=_opt_long(d, "baseRowId"),
+            default_row_commit_version=_opt_long(d, "defaultRowCommitVersion"),
         )
 
 
@@ -169,7 +271,7 @@ class AddCDCFile:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> AddCDCFile:
-        return cls(str(d["path"]), _as_map(d.get("partitionValues")), int(d.get("size") or 0))
+        return cls(_str(d, "path"), _str_map(d, "partitionValues", null_values=True) or {}, _long(d, "size", 0))
 
 
 @dataclass(frozen=True)
@@ -183,12 +285,20 @@ class Metadata:
     name: str | None = None
     description: str | None = None
     format_provider: str = "parquet"
-    format_options: Mapping[str, str] = field(default_factory=dict)
+    format_options: Mapping[str, str | None] = field(default_factory=dict)
     created_time: int | None = None
+    #: The log file (and line of a JSON file) the action was read from, named by schema errors.
+    source: str | None = field(default=None, compare=False, repr=False)
+    source_line: int | None = field(default=None, compare=False, repr=False)
 
     @cached_property
     def schema(self) -> StructType:
-        return parse_schema(self.schema_string)
+        try:
+            return parse_schema(self.schema_string)
+        except LogCorruptError as exc:
+            if exc.path is not None or self.source is None:
+                raise
+            raise LogCorruptError(f"metaData action: {exc}", path=self.source, line=self.source_line) from exc
 
     @property
     def isolation_level(self) -> str:
@@ -213,17 +323,18 @@ class Metadata:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Metadata:
-        fmt = d.get("format") or {}
+        fmt = d.get("format")
+        fmt = {} if fmt is None else _object(fmt, "'format'")
         return cls(
-            id=str(d["id"]),
-            schema_string=str(d["schemaString"]),
-            partition_columns=tuple(d.get("partitionColumns") or ()),
-            configuration=_as_map(d.get("configuration")),
-            name=d.get("name"),
-            description=d.get("description"),
-            format_provider=str(fmt.get("provider", "parquet")),
-            format_options=_as_map(fmt.get("options")),
-            created_time=_opt_int(d.get("createdTime")),
+            id=_str(d, "id"),
+            schema_string=_str(d, "schemaString"),
+            partition_columns=_str_list(d, "partitionColumns") or (),
+            configuration=_str_map(d, "configuration") or {},
+            name=_opt_str(d, "name"),
+            description=_opt_str(d, "description"),
+            format_provider=_str(fmt, "provider", "parquet"),
+            format_options=_str_map(fmt, "options", null_values=True) or {},
+            created_time=_opt_long(d, "createdTime"),
         )
 
 
@@ -238,11 +349,11 @@ class Protocol:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Protocol:
-        rf = d.get("readerFeatures")
-        wf = d.get("writerFeatures")
+        rf = _str_list(d, "readerFeatures")
+        wf = _str_list(d, "writerFeatures")
         return cls(
-            min_reader_version=int(d["minReaderVersion"]),
-            min_writer_version=int(d["minWriterVersion"]),
+            min_reader_version=_long(d, "minReaderVersion"),
+            min_writer_version=_long(d, "minWriterVersion"),
             reader_features=frozenset(rf) if rf is not None else None,
             writer_features=frozenset(wf) if wf is not None else None,
         )
@@ -270,7 +381,7 @@ class SetTransaction:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SetTransaction:
-        return cls(str(d["appId"]), int(d["version"]), _opt_int(d.get("lastUpdated")))
+        return cls(_str(d, "appId"), _long(d, "version"), _opt_long(d, "lastUpdated"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,7 +392,7 @@ class DomainMetadata:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> DomainMetadata:
-        return cls(str(d["domain"]), str(d.get("configuration") or ""), bool(d.get("removed", False)))
+        return cls(_str(d, "domain"), _str(d, "configuration", ""), _bool(d, "removed", False))
 
 
 @dataclass(frozen=True)
@@ -289,6 +400,19 @@ class CommitInfo:
     """Provenance of one commit. Every field is optional in the protocol; ``raw`` keeps the rest."""
 
     raw: Mapping[str, Any]
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CommitInfo:
+        """Check the fields the properties below read; the rest stays as written, in ``raw``."""
+        for key in ("timestamp", "inCommitTimestamp", "readVersion"):
+            _opt_long(d, key)
+        for key in ("operation", "isolationLevel", "userMetadata", "txnId"):
+            _opt_str(d, key)
+        _opt_bool(d, "isBlindAppend")
+        for key in ("operationParameters", "operationMetrics"):
+            _json_map(d, key)
+        _str_map(d, "tags", null_values=True)
+        return cls(d)
 
     @property
     def timestamp(self) -> int | None:
@@ -345,7 +469,7 @@ class Sidecar:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Sidecar:
-        return cls(str(d["path"]), int(d.get("sizeInBytes") or 0))
+        return cls(_str(d, "path"), _long(d, "sizeInBytes", 0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,7 +478,7 @@ class CheckpointMetadata:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> CheckpointMetadata:
-        return cls(int(d["version"]))
+        return cls(_long(d, "version"))
 
 
 Action = (
@@ -362,7 +486,7 @@ Action = (
     | Sidecar | CheckpointMetadata
 )
 
-_PARSERS: dict[str, Any] = {
+_PARSERS: dict[str, Callable[[Mapping[str, Any]], Action]] = {
     ADD: AddFile.from_dict,
     REMOVE: RemoveFile.from_dict,
     CDC: AddCDCFile.from_dict,
@@ -370,23 +494,40 @@ _PARSERS: dict[str, Any] = {
     PROTOCOL: Protocol.from_dict,
     SET_TRANSACTION: SetTransaction.from_dict,
     DOMAIN_METADATA: DomainMetadata.from_dict,
-    COMMIT_INFO: CommitInfo,
+    COMMIT_INFO: CommitInfo.from_dict,
     SIDECAR: Sidecar.from_dict,
     CHECKPOINT_METADATA: CheckpointMetadata.from_dict,
 }
 
 
-def parse_action(kind: str, payload: Any) -> Action | None:
+def parse_action(kind: str, payload: Any, *, path: str | None = None, line: int | None = None) -> Action | None:
     """Build one action from its wire name and payload; unknown kinds are skipped (forward compatible).
 
+    ``path`` and ``line`` say where the action was read; a ``Metadata`` keeps them for schema errors.
+
     Raises:
-        KeyError, TypeError, ValueError: a required field is missing or has the wrong type.
+        MalformedActionError: a required field is missing, or a field has the wrong type or range.
     """
     parser = _PARSERS.get(kind)
     if parser is None or payload is None:
         return None
-    action: Action = parser(payload)
+    action = parser(_object(payload, "the action"))
+    if isinstance(action, Metadata) and path is not None:
+        action = replace(action, source=path, source_line=line)
     return action
+
+
+def decode_action(kind: str, payload: Any, path: str, line: int | None = None) -> Action | None:
+    """``parse_action`` for an action read from a log file: a defect is a ``LogCorruptError`` naming it."""
+    try:
+        return parse_action(kind, payload, path=path, line=line)
+    except MalformedActionError as exc:
+        raise LogCorruptError(f"malformed {kind!r} action: {exc}", path=path, line=line) from exc
+    except (KeyError, TypeError, ValueError, OverflowError, RecursionError) as exc:
+        # Last line of defence: the parsers check each field they read, so this means a bug.
+        raise LogCorruptError(
+            f"malformed {kind!r} action ({type(exc).__name__}: {exc})", path=path, line=line
+        ) from exc
 
 
 def parse_json_actions(data: bytes, path: str) -> list[Action]:
@@ -401,17 +542,16 @@ def parse_json_actions(data: bytes, path: str) -> list[Action]:
             continue
         try:
             obj = json.loads(line)
+        except RecursionError as exc:
+            raise LogCorruptError("log line is nested too deeply to decode", path=path, line=lineno) from exc
         except ValueError as exc:
             raise LogCorruptError(f"invalid JSON in log file: {exc.args[0]}", path=path, line=lineno) from exc
         if not isinstance(obj, dict) or len(obj) == 0:
-            raise LogCorruptError("a log line must be a JSON object with one action", path=path, line=lineno)
+            got = "an empty object" if isinstance(obj, dict) else _type_name(obj)
+            raise LogCorruptError(f"a log line must be a JSON object with one action, got {got}",
+                                  path=path, line=lineno)
         for kind, payload in obj.items():
-            try:
-                action = parse_action(kind, payload)
-            except (KeyError, TypeError, ValueError) as exc:
-                raise LogCorruptError(
-                    f"malformed {kind!r} action ({type(exc).__name__}: {exc})", path=path, line=lineno
-                ) from exc
+            action = decode_action(kind, payload, path, lineno)
             if action is not None:
                 actions.append(action)
     return actions

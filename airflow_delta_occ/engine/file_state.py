@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .actions import AddFile
+from .actions import ADD, AddFile, decode_action
+from .errors import LogCorruptError
 
 FileKey = tuple[str, str]
 #: Per logical file, the newest action of a run of commits: an add, or ``None`` for a remove.
@@ -28,11 +30,13 @@ class FileState:
     base_paths: pa.ChunkedArray | None = None
     dropped: frozenset[int] = frozenset()
     extra: Mapping[FileKey, AddFile] = field(default_factory=dict)
+    #: The checkpoint file ``base`` was read from, named by errors in its rows.
+    source: str | None = None
 
     @classmethod
-    def from_checkpoint(cls, base: pa.ChunkedArray | None, inline_adds: list[AddFile]) -> FileState:
+    def from_checkpoint(cls, base: pa.ChunkedArray | None, inline_adds: list[AddFile], source: str) -> FileState:
         paths = pc.struct_field(base, "path") if base is not None else None
-        return cls(base, paths, frozenset(), {add.key: add for add in inline_adds})
+        return cls(base, paths, frozenset(), {add.key: add for add in inline_adds}, source)
 
     @property
     def num_files(self) -> int:
@@ -53,7 +57,7 @@ class FileState:
             hits = self._base_rows_with_keys(changes.keys())
             if hits:
                 dropped = dropped | hits
-        return FileState(self.base, self.base_paths, dropped, extra)
+        return FileState(self.base, self.base_paths, dropped, extra, self.source)
 
     def _base_rows_with_keys(self, keys: object) -> frozenset[int]:
         assert self.base is not None
@@ -63,11 +67,21 @@ class FileState:
         candidates = pc.indices_nonzero(mask).to_pylist()
         if not candidates:
             return frozenset()
-        rows = self.base.take(pa.array(candidates)).to_pylist()
+        adds = self._decode(pa.array(candidates, type=pa.int64()))
         return frozenset(
-            i for i, row in zip(candidates, rows, strict=True)
-            if i not in self.dropped and AddFile.from_dict(row).key in wanted
+            i for i, add in zip(candidates, adds, strict=True) if i not in self.dropped and add.key in wanted
         )
+
+    def _decode(self, indices: Any) -> list[AddFile]:
+        """The base rows at ``indices`` as ``AddFile`` objects; a defect names the checkpoint file."""
+        assert self.base is not None
+        source = self.source or "checkpoint"
+        try:
+            rows = self.base.take(indices).to_pylist(maps_as_pydicts="strict")
+        except (pa.ArrowException, KeyError, ValueError, OverflowError) as exc:  # KeyError: duplicate map key
+            raise LogCorruptError(f"checkpoint add rows cannot be decoded: {exc}", path=source) from exc
+        adds = [decode_action(ADD, row, source) for row in rows]
+        return [add for add in adds if isinstance(add, AddFile)]
 
     @property
     def _base_paths(self) -> pa.ChunkedArray:
@@ -105,8 +119,7 @@ class FileState:
         assert self.base is not None
         if len(indices) == 0:
             return []
-        rows = self.base.take(pa.array(indices, type=pa.int64())).to_pylist()
-        return [AddFile.from_dict(row) for row in rows]
+        return self._decode(pa.array(indices, type=pa.int64()))
 
     def files(self) -> Iterator[AddFile]:
         if self.base is not None:

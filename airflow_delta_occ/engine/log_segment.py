@@ -140,9 +140,9 @@ def build_segment(listing: LogListing, version: int | None = None) -> LogSegment
     usable = sorted((v for v in listing.checkpoints if v <= target), reverse=True)
     checkpoint = listing.checkpoints[usable[0]][0] if usable else None
     start = checkpoint.version + 1 if checkpoint is not None else 0
-    missing = [v for v in range(start, target + 1) if v not in listing.commits]
-    if missing:
-        first = missing[0]
+    # The first gap only: a stray file named with an absurd version must not make this loop for ever.
+    first = next((v for v in range(start, target + 1) if v not in listing.commits), None)
+    if first is not None:
         if checkpoint is None and first == 0 and (earliest is None or target < earliest):
             reasons = [listing.incomplete[v] for v in sorted(listing.incomplete) if v <= target]
             reason = reasons[-1] if reasons else "its commits were removed by log cleanup"

@@ -9,6 +9,7 @@ under *physical* names, so each field keeps its physical name next to its logica
 from __future__ import annotations
 
 import json
+import reprlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,9 @@ PRIMITIVE_TYPES = frozenset(
 INTEGRAL_TYPES = frozenset({"long", "integer", "short", "byte"})
 
 COLUMN_MAPPING_PHYSICAL_NAME = "delta.columnMapping.physicalName"
+#: Deepest type nesting accepted in a schema; deeper is taken as corruption (and would exhaust the stack).
+MAX_SCHEMA_DEPTH = 100
+MAX_DECIMAL_PRECISION = 38
 
 
 @dataclass(frozen=True)
@@ -145,47 +149,58 @@ def parse_schema(schema_string: str) -> StructType:
     """Parse a ``metaData.schemaString``; a malformed schema is a corrupt log, not a user error."""
     try:
         raw = json.loads(schema_string)
+    except RecursionError as exc:
+        raise LogCorruptError("schemaString is nested too deeply to decode") from exc
     except (TypeError, ValueError) as exc:
         raise LogCorruptError(f"schemaString is not valid JSON: {exc}") from exc
-    parsed = _parse_type(raw)
+    parsed = _parse_type(raw, 0)
     if not isinstance(parsed, StructType):
         raise LogCorruptError(f"schemaString must describe a struct, got {parsed.simple_string()}")
     return parsed
 
 
-def _parse_type(raw: Any) -> DataType:
+def _parse_type(raw: Any, depth: int) -> DataType:
+    if depth > MAX_SCHEMA_DEPTH:
+        raise LogCorruptError(f"schema nests types more than {MAX_SCHEMA_DEPTH} levels deep")
     if isinstance(raw, str):
         if raw in PRIMITIVE_TYPES:
             return PrimitiveType(raw)
         if raw.startswith("decimal"):
             return _parse_decimal(raw)
-        raise LogCorruptError(f"unknown data type {raw!r} in schema")
+        raise LogCorruptError(f"unknown data type {reprlib.repr(raw)} in schema")
     if not isinstance(raw, dict):
-        raise LogCorruptError(f"malformed type in schema: {raw!r}")
+        raise LogCorruptError(f"malformed type in schema: {reprlib.repr(raw)}")
     kind = raw.get("type")
     if kind == "struct":
         fields = raw.get("fields")
         if not isinstance(fields, list):
             raise LogCorruptError("struct type without a fields list in schema")
-        return StructType(tuple(_parse_field(f) for f in fields))
+        return StructType(tuple(_parse_field(f, depth + 1) for f in fields))
     if kind == "array":
-        return ArrayType(_parse_type(raw.get("elementType")), bool(raw.get("containsNull", True)))
+        return ArrayType(_parse_type(raw.get("elementType"), depth + 1), _flag(raw, "containsNull"))
     if kind == "map":
         return MapType(
-            _parse_type(raw.get("keyType")),
-            _parse_type(raw.get("valueType")),
-            bool(raw.get("valueContainsNull", True)),
+            _parse_type(raw.get("keyType"), depth + 1),
+            _parse_type(raw.get("valueType"), depth + 1),
+            _flag(raw, "valueContainsNull"),
         )
-    raise LogCorruptError(f"unknown complex type {kind!r} in schema")
+    raise LogCorruptError(f"unknown complex type {reprlib.repr(kind)} in schema")
 
 
-def _parse_field(raw: Any) -> StructField:
+def _flag(raw: dict[str, Any], key: str) -> bool:
+    value = raw.get(key, True)
+    if not isinstance(value, bool):
+        raise LogCorruptError(f"{key!r} in schema must be a boolean, got {reprlib.repr(value)}")
+    return value
+
+
+def _parse_field(raw: Any, depth: int) -> StructField:
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
-        raise LogCorruptError(f"malformed struct field in schema: {raw!r}")
+        raise LogCorruptError(f"malformed struct field in schema: {reprlib.repr(raw)}")
     metadata = raw.get("metadata") or {}
     if not isinstance(metadata, dict):
         raise LogCorruptError(f"field {raw['name']!r} has non-object metadata")
-    return StructField(raw["name"], _parse_type(raw.get("type")), bool(raw.get("nullable", True)), metadata)
+    return StructField(raw["name"], _parse_type(raw.get("type"), depth), _flag(raw, "nullable"), metadata)
 
 
 def _parse_decimal(text: str) -> DecimalType:
@@ -197,5 +212,8 @@ def _parse_decimal(text: str) -> DecimalType:
             raise ValueError(text)
         precision, scale = (int(part) for part in inner[1:-1].split(","))
     except ValueError as exc:
-        raise LogCorruptError(f"malformed decimal type {text!r} in schema") from exc
+        raise LogCorruptError(f"malformed decimal type {reprlib.repr(text)} in schema") from exc
+    if not (1 <= precision <= MAX_DECIMAL_PRECISION and 0 <= scale <= precision):
+        raise LogCorruptError(f"decimal type {reprlib.repr(text)} in schema is out of range "
+                              f"(precision 1..{MAX_DECIMAL_PRECISION}, 0 <= scale <= precision)")
     return DecimalType(precision, scale)

@@ -132,7 +132,7 @@ class DeltaLog:
         if segment.checkpoint is not None:
             content = read_checkpoint(self.storage, self.table_root, segment.checkpoint)
             state.apply_actions(content.actions)
-            state.files = FileState.from_checkpoint(content.adds, content.inline_adds)
+            state.files = FileState.from_checkpoint(content.adds, content.inline_adds, content.source)
         last_commit: Commit | None = None
         for version_, meta in segment.commits:
             last_commit = self._read_commit(version_, meta)
@@ -359,7 +359,8 @@ class Snapshot:
         for name in self.partition_columns:
             f = self.schema.find(name)
             if f is None:
-                raise LogCorruptError(f"partition column {name!r} is not in the table schema")
+                raise LogCorruptError(f"partition column {name!r} is not in the table schema",
+                                      path=self.metadata.source, line=self.metadata.source_line)
             fields.append((f.name, f.physical_name, f.type))
         return fields
 
@@ -429,7 +430,7 @@ class Snapshot:
                 verdicts = np.zeros(len(uniques), dtype=bool)
                 typed_by_code: list[dict[str, Any]] = []
                 for i, raw in enumerate(uniques):
-                    typed = self._typed_partition(raw, path="checkpoint")
+                    typed = self._typed_partition(raw, path=state.source or "checkpoint")
                     typed_by_code.append(typed)
                     verdicts[i] = file_may_match(expr, typed, None)
                 keep = live[verdicts[codes]]

@@ -6,7 +6,8 @@ reads. So the parser widens or forgets bounds it cannot trust:
 - strings: delta-spark truncates min/max to a prefix (32 characters by default). A truncated min is
   still a lower bound; a max of that length or longer may be a truncated prefix, so it is dropped.
 - timestamps: bounds are written with millisecond precision, so the max is widened by 999 µs.
-- unparseable or missing values become "unknown", which never prunes.
+- unparseable, missing or NaN values, and stats that are not a JSON object (or nest too deeply to
+  decode), become "unknown", which never prunes.
 Statistics are keyed by *physical* column names (column mapping); the result uses logical names,
 with nested struct leaves as dotted paths.
 """
@@ -32,7 +33,7 @@ def parse_file_stats(stats_json: str | None, schema: StructType) -> FileStats | 
         return None
     try:
         raw = json.loads(stats_json)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(raw, dict):
         return None
@@ -46,7 +47,11 @@ def parse_file_stats(stats_json: str | None, schema: StructType) -> FileStats | 
         "",
         columns,
     )
-    return FileStats(num_records=int(num_records) if isinstance(num_records, int) else None, columns=columns)
+    return FileStats(num_records=num_records if _is_count(num_records) else None, columns=columns)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _dict(value: Any) -> Mapping[str, Any]:
@@ -72,7 +77,7 @@ def _collect(
         out[name] = ColumnStats(
             min=_bound(mins.get(physical), f, upper=False),
             max=_bound(maxs.get(physical), f, upper=True),
-            null_count=null_count if isinstance(null_count, int) and not isinstance(null_count, bool) else None,
+            null_count=null_count if _is_count(null_count) else None,
         )
 
 
@@ -85,5 +90,8 @@ def _bound(raw: Any, f: StructField, *, upper: bool) -> Any:
     if upper and isinstance(value, str) and len(value) >= STRING_PREFIX_LENGTH:
         return None
     if upper and isinstance(value, dt.datetime):
-        return value + _MILLISECOND_SLACK
+        try:
+            return value + _MILLISECOND_SLACK
+        except OverflowError:  # the largest datetime: no bound above it to widen to
+            return None
     return value

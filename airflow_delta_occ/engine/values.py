@@ -86,7 +86,15 @@ def format_partition_value(value: Any, data_type: DataType, column: str | None =
 
 
 def parse_stat_value(raw: Any, data_type: DataType) -> Any:
-    """Convert a ``minValues``/``maxValues`` entry; returns ``None`` when the stat is unusable."""
+    """Convert a ``minValues``/``maxValues`` entry; returns ``None`` when the stat is unusable.
+
+    NaN is unusable too: it compares false with everything, so as a bound it would prune wrongly.
+    """
+    value = _stat_value(raw, data_type)
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def _stat_value(raw: Any, data_type: DataType) -> Any:
     if raw is None:
         return None
     try:

@@ -363,6 +363,7 @@ def test_columns_a_generated_partition_column_reads_cannot_be_set(spark: Any, tm
     spark.sql(f"CREATE TABLE delta.`{table}` (id INT, ts TIMESTAMP, d DATE GENERATED ALWAYS AS (CAST(ts AS DATE))) "
               "USING delta PARTITIONED BY (d)")
     snapshot = DeltaLog.for_table(table).snapshot()
-    op = DeltaUpdateOperator(task_id="u", table=table, set={"TS": "ts + INTERVAL 3 DAYS"}, partitions={"d": "2024-01-01"})
+    op = DeltaUpdateOperator(task_id="u", table=table, set={"TS": "ts + INTERVAL 3 DAYS"},
+                             partitions={"d": "2024-01-01"})
     with pytest.raises(JobSpecError, match="partition column 'd' is generated"):
         op.build_spec(snapshot, RunIdentity("events", "u", "r"))

@@ -25,12 +25,13 @@ import pytest
 
 from airflow_delta_occ.demo import free_port
 from airflow_delta_occ.engine import DeltaLog
+from airflow_delta_occ.exceptions import SourceOutsidePartitionsError
 from airflow_delta_occ.hooks.delta import DeltaSparkHook
 from airflow_delta_occ.jobspec import JobSpec
 from airflow_delta_occ.spark.session import CONNECT_MODE_FLAG, delta_submit_conf
 
 from .differential.harness import gate_session_conf
-from .jobs import check_disjoint_merges, check_overlapping_merges
+from .jobs import check_disjoint_merges, check_overlapping_merges, merge_spec, source
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -199,3 +200,15 @@ def test_remote_overlapping_merges_retry_to_the_serial_result(spark: Any, sales:
                                                               remote_runner: Any) -> None:
     check_overlapping_merges(spark, sales, tmp_path, remote_runner)
     assert CONNECT_MODE_FLAG not in os.environ
+
+
+def test_remote_refusal_comes_back_as_the_same_typed_error(spark: Any, sales: str, tmp_path: Path,
+                                                           remote_runner: Any) -> None:
+    """Source rows outside the partitions are refused on the remote side, before anything is written,
+    and reach the operator as ``SourceOutsidePartitionsError`` in every mode (never retried)."""
+    src = source(spark, tmp_path, "mixed", [(1, 11, "2024-01-01", "DE"), (3, 33, "2024-01-01", "FR")])
+    spec = merge_spec(sales, src, "DE", "refused-run", {})
+    before = DeltaLog.for_table(sales).latest_version()
+    with pytest.raises(SourceOutsidePartitionsError, match="1 source row"):
+        remote_runner(spark, spec)
+    assert DeltaLog.for_table(sales).latest_version() == before

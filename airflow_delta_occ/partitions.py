@@ -80,12 +80,17 @@ class PartitionFilter:
         prefix = f"{render_identifier(alias)}." if alias else ""
         return self.over({name: prefix + render_identifier(name) for name, _ in self.values})
 
-    def over(self, operands: Mapping[str, str]) -> str:
-        """The filter with each column replaced by an SQL operand (a source column, an insert value)."""
+    def over(self, operands: Mapping[str, str], null_operands: Mapping[str, str] | None = None) -> str:
+        """The filter with each column replaced by an SQL operand (a source column, an insert value).
+
+        ``null_operands`` are tested by ``IS NULL`` instead (the value before a ``TRY_CAST``, so a
+        value that does not convert is not taken for a NULL partition value).
+        """
         parts = []
         types = dict(self.types)
         for name, options in self.values:
             column = operands[name]
+            null_column = (null_operands or operands)[name]
             data_type = types.get(name)
             non_null = [o for o in options if o is not None]
             terms = []
@@ -94,7 +99,7 @@ class PartitionFilter:
             elif non_null:
                 terms.append(f"{column} IN ({', '.join(render_literal(o, data_type) for o in non_null)})")
             if len(non_null) != len(options):
-                terms.append(f"{column} IS NULL")
+                terms.append(f"{null_column} IS NULL")
             parts.append(terms[0] if len(terms) == 1 else "(" + " OR ".join(terms) + ")")
         return " AND ".join(parts)
 

@@ -40,8 +40,16 @@ def check_source_query(query: str) -> str:
             "source_query must be a query (SELECT, VALUES, FROM, TABLE or WITH ... SELECT); its main statement "
             f"starts with {main.text or 'nothing'!r} at position {main.start}")
     depth = 0
-    for token in tokens:
+    for index, token in enumerate(tokens):
         depth += {"lparen": 1, "rparen": -1}.get(token.kind, 0)
+        following = tokens[min(index + 1, len(tokens) - 1)]
+        if token.is_keyword("using") and following.kind == "string":
+            raise UnsafeExpressionError(f"source_query runs a script (TRANSFORM/MAP/REDUCE ... USING) at position "
+                                        f"{token.start}; only a plain query is accepted")
+        if (token.kind == "qident" and str(token.value).lower() in REFLECTION_FUNCTIONS) or (
+                token.is_keyword("identifier") and following.kind == "lparen"):
+            raise UnsafeExpressionError(f"source_query may not name functions by IDENTIFIER() or call Java methods "
+                                        f"({token.text} at position {token.start})")
         if depth < 0:
             raise UnsafeExpressionError(f"source_query closes a parenthesis it never opened at position {token.start}")
         # ``FROM src INSERT INTO t SELECT ...`` is Spark's multi-insert statement, in parentheses or not.

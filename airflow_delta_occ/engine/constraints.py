@@ -22,9 +22,11 @@ from collections.abc import Collection, Mapping
 from decimal import Decimal
 from typing import Any
 
+from .errors import InvalidLiteralError
 from .expressions import Column, Comparison, Expr, In, Literal, walk
 from .predicates import evaluate_partition
 from .schema import DataType
+from .values import coerce_literal
 
 _MAX_ASSIGNMENTS = 20_000
 # A value of each type for a column the conjunct compares with no literal at all.
@@ -89,8 +91,19 @@ def _witnesses(literals: Collection[Any], data_type: DataType | None) -> list[An
         return values
     for value in dict.fromkeys(literals):
         values.append(value)
-        values.extend(v for v in (_below(value), _above(value)) if v is not None)
+        values.extend(v for v in (_below(value), _above(value)) if v is not None and _fits(v, data_type))
     return values
+
+
+def _fits(value: Any, data_type: DataType | None) -> bool:
+    """Whether a witness is a value the column can hold (2**31 is no INT partition value)."""
+    if data_type is None:
+        return True
+    try:
+        coerce_literal(value, data_type)
+    except InvalidLiteralError:
+        return False
+    return True
 
 
 def _above(value: Any) -> Any:

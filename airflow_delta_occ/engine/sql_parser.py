@@ -112,6 +112,7 @@ class Token:
         return self.kind == "op" and self.text in ops
 
 
+_DIGITS = frozenset("0123456789")  # Spark's lexer knows only ASCII digits; Python's isdigit() knows more
 _PUNCTUATION = {"(": "lparen", ")": "rparen", "[": "lbracket", "]": "rbracket", ",": "comma"}
 
 
@@ -141,7 +142,7 @@ def tokenize(text: str) -> list[Token]:
         elif c == "`":
             value, i = _scan_quoted_identifier(text, i)
             tokens.append(Token("qident", text[start:i], value, start, i))
-        elif c.isdigit() or (c == "." and i + 1 < n and text[i + 1].isdigit()):
+        elif c in _DIGITS or (c == "." and i + 1 < n and text[i + 1] in _DIGITS):
             i = _scan_number(text, i)
             raw = text[start:i]
             if i < n and (text[i].isalpha() or text[i] == "_"):
@@ -188,11 +189,11 @@ def _scan_quoted_identifier(text: str, i: int) -> tuple[str, int]:
 
 def _scan_number(text: str, i: int) -> int:
     n = len(text)
-    while i < n and (text[i].isdigit() or text[i] == "."):
+    while i < n and (text[i] in _DIGITS or text[i] == "."):
         i += 1
-    if i < n and text[i] in "eE" and i + 1 < n and (text[i + 1].isdigit() or text[i + 1] in "+-"):
+    if i < n and text[i] in "eE" and i + 1 < n and (text[i + 1] in _DIGITS or text[i + 1] in "+-"):
         i += 2
-        while i < n and text[i].isdigit():
+        while i < n and text[i] in _DIGITS:
             i += 1
     for suffix in ("BD", "bd", "L", "l", "S", "s", "Y", "y", "D", "d", "F", "f"):
         if text.startswith(suffix, i) and not (i + len(suffix) < n and (text[i + len(suffix)].isalnum()
@@ -725,6 +726,9 @@ class _Parser:
             call = _opaque(f"{rendered}({', '.join(to_sql(a) for a in args)})", *args)
             return call if deterministic else Unknown(call.text, deterministic=False)
         names = [name for name, _ in parts]
+        if len(names) == 1 and names[0].lower() in _NILADIC:
+            # Spark resolves `current_date` to the function unless a column has the name, quoted or not.
+            return Unknown(names[0].upper(), deterministic=False)
         if any("." in name for name in names):
             # A dotted name is a path to a nested field in the expression model; a name that holds a
             # dot itself cannot be told apart from one.

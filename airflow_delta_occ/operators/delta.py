@@ -256,10 +256,24 @@ def check_clauses(clauses: Any) -> list[dict[str, Any]]:
         if not takes_set and values:
             raise JobSpecError(f"clauses[{i}]: {kind} takes no set mapping")
         condition = clause.get("condition")
-        if condition is not None and not isinstance(condition, str):
-            raise JobSpecError(f"clauses[{i}].condition must be SQL text, got {type(condition).__name__}")
+        if condition is not None:
+            check_sql_text(condition, f"clauses[{i}].condition")
+        for key, value in (values or {}).items():
+            check_sql_text(value, f"clauses[{i}].set[{key}]")
         out.append(dict(clause))
     return out
+
+
+def check_sql_text(value: Any, what: str) -> None:
+    """An expression from the DAG is SQL text; when it holds no template it must parse now.
+
+    A number or ``None`` is refused rather than turned into text (``None`` would become a column).
+    """
+    if not isinstance(value, str):
+        raise JobSpecError(f"{what} must be SQL text, got {type(value).__name__} {value!r}; write a number or a "
+                           "string literal as SQL (\"1.5\", \"'closed'\")")
+    if not _templated(value):
+        parse_expression(value, what)
 
 
 def _column_name(snapshot: Snapshot, key: Any, what: str) -> str:
@@ -401,7 +415,7 @@ class DeltaMergeOperator(DeltaBaseOperator):
             raise MissingPartitionConstraintError(
                 "strict_partitions needs partitions= on a MERGE: only then are its NOT MATCHED BY SOURCE clauses and "
                 "its source rows confined too, not just its ON condition")
-        checks = list(dict.fromkeys(pfilter.over(_typed(w, pfilter)) for w in writes)) if pfilter else []
+        checks = list(dict.fromkeys(pfilter.over(_typed(w, pfilter), w) for w in writes)) if pfilter else []
         return JobSpec(operation="merge", **self._common(snapshot, run),
                        source=_source(self.source, self.source_table, self.source_query, self.source_format),
                        condition=condition, partition_filter=pfilter.to_sql() or None, clauses=tuple(clauses),
@@ -419,6 +433,8 @@ class DeltaUpdateOperator(DeltaBaseOperator):
         super().__init__(**kwargs)
         if not isinstance(set, Mapping) or not set:
             raise JobSpecError(f"set must be a non-empty mapping of column to SQL expression, got {set!r}")
+        for key, value in set.items():
+            check_sql_text(value, f"set[{key}]")
         if where is not None and not _templated(where):
             parse_expression(where, "where")
         self.set, self.where = dict(set), where
@@ -491,6 +507,7 @@ class DeltaOptimizeOperator(DeltaBaseOperator):
                 raise JobSpecError(f"zorder_by names {name!r} twice")
             columns.append(name)
         sql = pfilter.to_sql() or None
+        self._check_constrained(snapshot, sql, None)
         return JobSpec(operation="optimize", **self._common(snapshot, run), condition=sql, partition_filter=sql,
                        zorder_by=tuple(columns))
 
@@ -515,10 +532,14 @@ class DeltaAppendOperator(DeltaBaseOperator):
         if not pfilter:
             return {}
         values = {c: f"`s`.{render_identifier(c)}" for c in pfilter.columns}
-        return {"source_check": pfilter.over(_typed(values, pfilter)), "source_values": values}
+        return {"source_check": pfilter.over(_typed(values, pfilter), values), "source_values": values}
 
     def build_spec(self, snapshot: Snapshot, run: RunIdentity) -> JobSpec:
         pfilter = self._partition_filter(snapshot)
+        if self.strict_partitions and snapshot.partition_columns and not pfilter:
+            raise MissingPartitionConstraintError(
+                f"strict_partitions needs partitions= on an append to {self.table or self.table_name}: only then are "
+                "its rows checked to land in the partitions it names")
         return JobSpec(operation="append", **self._common(snapshot, run), partition_filter=pfilter.to_sql() or None,
                        source=_source(self.source, self.source_table, self.source_query, self.source_format),
                        **self._source_check(pfilter))

@@ -49,6 +49,7 @@ EXIT_CODES = {"success": 0, "error": 1, "conflict": 75, "skipped": 76, "bad_spec
 # Refusals of the job's input: the caller rebuilds the same class by name (never retried).
 REJECTIONS = (JobSpecError, SourceNotFoundError)
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
+SESSION_TIME_ZONE_CONF = "spark.sql.session.timeZone"
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 # Each task run writes at most once per app id; version 0 is enough because the id is per run.
@@ -106,6 +107,14 @@ def confine_source(session: Any, spec: JobSpec, source: Any, source_view: str) -
     if not spec.source_check:
         return source, 0
     alias = render_identifier(spec.source_alias)
+    columns = {c.lower() for c in source.columns}
+    for name, operand in spec.source_values.items():
+        # A written value read from the source column of that name must be a top-level column: Spark
+        # would otherwise resolve `s`.`date` to a field of a struct column named like the alias.
+        if operand == f"{alias}.{render_identifier(name)}" and name.lower() not in columns:
+            raise SourceOutsidePartitionsError(
+                f"the source has no column {name!r}, so its rows cannot be checked against the partitions "
+                f"{spec.partition_filter}; nothing was written")
     inside = f"coalesce(({spec.source_check}), false)"
     outside = session.sql(f"SELECT count(*) AS n FROM {render_identifier(source_view)} AS {alias} "
                           f"WHERE NOT {inside}").collect()[0]["n"]
@@ -221,6 +230,9 @@ def run_job(spark: Any, spec: JobSpec, *, sleep: Any = time.sleep) -> dict[str, 
         TableNotFoundError, SourceNotFoundError: before any write.
     """
     session = _private_session(spark)
+    # The operator rendered timestamp literals and typed partition values in UTC: the job reads them
+    # in UTC in every mode (a Connect server or a cluster may default to another zone).
+    session.conf.set(SESSION_TIME_ZONE_CONF, "UTC")
     session.conf.set(USER_METADATA_CONF, spec.run.user_metadata())
     if spec.idempotent and spec.operation in ("merge", "update", "delete"):
         session.conf.set(TXN_APP_ID_CONF, spec.run.app_id)

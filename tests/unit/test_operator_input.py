@@ -62,6 +62,10 @@ def merge(**kw: Any) -> DeltaMergeOperator:
     (lambda: DeltaOptimizeOperator(**T, zorder_by=[1]), "column names"),
     (lambda: merge(source_outside_partitions="ignore"), "source_outside_partitions"),
     (lambda: DeltaDeleteOperator(task_id="t", table="", where="id = 1"), "non-empty string"),
+    (lambda: merge(clauses=[{"kind": "matched_delete", "condition": "a = ; DROP"}]), "not accepted"),
+    (lambda: merge(clauses=[{"kind": "matched_update", "set": {"v": None}}]), "must be SQL text"),
+    (lambda: DeltaUpdateOperator(**T, set={"v": 1.5}), "must be SQL text"),
+    (lambda: DeltaUpdateOperator(**T, set={"v": "s.v +"}), "not accepted"),
 ])
 def test_job_shape_errors_at_parse_time(build: Any, match: str) -> None:
     with pytest.raises(JobSpecError, match=match):
@@ -150,6 +154,8 @@ def test_a_long_but_shallow_condition_is_accepted() -> None:
     "WITH c AS (SELECT 1) FROM c INSERT INTO t SELECT *", "(FROM src INSERT INTO t SELECT *)",
     "WITH a AS (SELECT 1) (INSERT INTO t SELECT 1)", "SELECT * FROM (FROM s INSERT INTO t SELECT *)",
     "SELECT 1) AS a, (SELECT 2", "SELECT reflect('java.lang.System', 'exit', 0)",
+    "SELECT TRANSFORM(x) USING 'rm -rf /lake' AS (y) FROM VALUES (1) AS t(x)", "SELECT `java_method`('a', 'b')",
+    "SELECT system.builtin.`try_reflect`('a', 'b')", "SELECT IDENTIFIER('reflect')('java.lang.System', 'exit', 0)",
 ])
 def test_source_query_must_be_a_query(query: str) -> None:
     with pytest.raises(UnsafeExpressionError):
@@ -162,7 +168,9 @@ def test_source_query_must_be_a_query(query: str) -> None:
     "SELECT * FROM src", "  select 1 AS id", "WITH c AS (SELECT 1 AS id) SELECT * FROM c",
     "WITH c(id) AS (SELECT 1), d AS (SELECT 2) SELECT * FROM c JOIN d", "(SELECT 1) UNION (SELECT 2)",
     "VALUES (1, 2)", "FROM src SELECT id", "TABLE src", "SELECT `delete` FROM src",
-    "SELECT * FROM (SELECT 1) AS insert_free", "SELECT 'INSERT INTO t' AS text", "SELECT ';' AS semicolon_in_a_string",
+    "SELECT * FROM (SELECT 1) AS insert_free", "SELECT 'INSERT INTO t' AS text",
+    "SELECT * FROM a JOIN b USING (id)", "SELECT transform(tags, x -> upper(x)) AS tags FROM src",
+    "SELECT ';' AS semicolon_in_a_string",
 ])
 def test_queries_are_accepted(query: str) -> None:
     assert check_source_query(query) == query
@@ -179,3 +187,29 @@ def test_refusals_from_spark_submit_come_back_as_the_same_class_and_are_never_re
                   PredicateSyntaxError("x", text="x", position=0), LogCorruptError("bad line", path="0.json", line=1)):
         assert isinstance(error, DeltaOccError)
         assert policy.evaluate(error, 1, 3).action is RetryAction.FAIL
+
+
+def test_niladic_names_are_non_deterministic_quoted_or_not() -> None:
+    from airflow_delta_occ.engine.expressions import is_deterministic
+
+    for text in ("current_date", "`current_date`", "`Current_Timestamp`", "user"):
+        assert not is_deterministic(parse_predicate(f"d = {text}")), text
+
+
+def test_strict_witnesses_stay_inside_the_column_type() -> None:
+    from airflow_delta_occ.engine.constraints import excludes_some_partition
+    from airflow_delta_occ.engine.expressions import Column, Comparison, Literal
+    from airflow_delta_occ.engine.schema import PrimitiveType
+
+    types = {"hour": PrimitiveType("integer")}
+    assert not excludes_some_partition(Comparison("<=", Column("hour"), Literal(2**31 - 1)), types)
+    assert excludes_some_partition(Comparison("<=", Column("hour"), Literal(7)), types)
+
+
+def test_a_value_that_does_not_convert_is_not_taken_for_the_null_partition() -> None:
+    from airflow_delta_occ.engine.schema import PrimitiveType
+    from airflow_delta_occ.partitions import PartitionFilter
+
+    pfilter = PartitionFilter((("hour", (8, None)),), (("hour", PrimitiveType("integer")),))
+    sql = pfilter.over({"hour": "TRY_CAST(`s`.`hour` AS integer)"}, {"hour": "`s`.`hour`"})
+    assert sql == "(TRY_CAST(`s`.`hour` AS integer) = 8 OR `s`.`hour` IS NULL)"

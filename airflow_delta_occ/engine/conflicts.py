@@ -50,7 +50,7 @@ from .errors import (
 )
 from .expressions import Expr, Literal
 from .predicates import evaluate_partition
-from .schema import StructType, parse_schema
+from .schema import StructType
 from .values import parse_partition_value
 
 if TYPE_CHECKING:
@@ -140,7 +140,7 @@ class PartitionSchema:
     def of(cls, metadata: Metadata | None) -> PartitionSchema:
         if metadata is None:
             return cls(())
-        schema: StructType = parse_schema(metadata.schema_string)
+        schema: StructType = metadata.schema  # a malformed schema names the commit file and line
         fields = []
         for name in metadata.partition_columns:
             f = schema.find(name)

@@ -29,6 +29,16 @@ from airflow_delta_occ.exceptions import (
     ProviderConfigError,
 )
 from airflow_delta_occ.hooks.delta import DeltaSparkHook
+from airflow_delta_occ.job_checks import (
+    check_clauses,
+    check_one_source,
+    check_sql_text,
+    column_name,
+    is_partition_column,
+    refuse_moving_rows,
+    templated,
+    typed_operands,
+)
 from airflow_delta_occ.jobspec import JobSpec, MergeClause, RunIdentity, SourceRef, TableRef
 from airflow_delta_occ.partitions import (
     PartitionFilter,
@@ -38,7 +48,6 @@ from airflow_delta_occ.partitions import (
     partitions_mapping,
     render_expression,
 )
-from airflow_delta_occ.queries import check_source_query
 from airflow_delta_occ.retry import layer_overrides
 from airflow_delta_occ.retry_policy import DeltaConflictRetryPolicy
 
@@ -197,137 +206,14 @@ def configured_policies() -> dict[str, dict[str, Any]]:
 
 
 SOURCE_OUTSIDE_ACTIONS = ("fail", "drop")
-CLAUSE_FIELDS = frozenset({"kind", "condition", "set"})
 # Clauses whose rows come from the source: the partition values they write.
 _WRITES_FROM_SOURCE_ALL = frozenset({"matched_update_all", "not_matched_insert_all"})
 
 
-def _templated(value: Any) -> bool:
-    return isinstance(value, str) and "{{" in value
-
-
-def _check_one_source(owner: str, source: Any, source_table: Any, source_query: Any) -> None:
-    given = [name for name, value in (("source", source), ("source_table", source_table),
-                                      ("source_query", source_query)) if value is not None]
-    if len(given) != 1:
-        raise JobSpecError(f"{owner} needs exactly one of source=, source_table= or source_query=; "
-                           f"got {', '.join(given) or 'none'}")
-    for name, value in (("source", source), ("source_table", source_table), ("source_query", source_query)):
-        if value is not None and (not isinstance(value, str) or not value.strip()):
-            raise JobSpecError(f"{name} must be a non-empty string, got {value!r}")
-    if source_query is not None and not _templated(source_query):
-        check_source_query(source_query)
-
-
 def _source(source: str | None, source_table: str | None, source_query: str | None, source_format: str
             ) -> SourceRef:
-    _check_one_source("the job", source, source_table, source_query)
+    check_one_source("the job", source, source_table, source_query)
     return SourceRef(path=source, table=source_table, query=source_query, format=source_format)
-
-
-def check_clauses(clauses: Any) -> list[dict[str, Any]]:
-    """MERGE clauses as a list of ``{"kind", "condition", "set"}`` mappings, checked for shape.
-
-    Raises:
-        JobSpecError: not a list of mappings, an unknown kind or field, a missing or forbidden ``set``.
-    """
-    if isinstance(clauses, str | bytes) or not isinstance(clauses, Sequence):
-        raise JobSpecError(f"clauses must be a list of mappings, got {type(clauses).__name__}")
-    if not clauses:
-        raise JobSpecError("clauses is empty: a MERGE needs at least one WHEN clause")
-    out = []
-    for i, clause in enumerate(clauses):
-        if not isinstance(clause, Mapping):
-            raise JobSpecError(f"clauses[{i}] must be a mapping with a kind, got {type(clause).__name__}")
-        unknown = set(clause) - CLAUSE_FIELDS
-        if unknown:
-            raise JobSpecError(f"clauses[{i}] has unknown field(s) {sorted(map(str, unknown))}; "
-                               f"expected {sorted(CLAUSE_FIELDS)}")
-        kind = clause.get("kind")
-        if kind not in MergeClause.KINDS:
-            raise JobSpecError(f"clauses[{i}]: unknown merge clause kind {kind!r}; expected one of "
-                               f"{', '.join(MergeClause.KINDS)}")
-        values = clause.get("set")
-        if values is not None and not isinstance(values, Mapping):
-            raise JobSpecError(f"clauses[{i}].set must be a mapping of column to SQL expression")
-        takes_set = kind in ("matched_update", "not_matched_insert", "not_matched_by_source_update")
-        if takes_set and not values:
-            raise JobSpecError(f"clauses[{i}]: {kind} needs a non-empty set mapping")
-        if not takes_set and values:
-            raise JobSpecError(f"clauses[{i}]: {kind} takes no set mapping")
-        condition = clause.get("condition")
-        if condition is not None:
-            check_sql_text(condition, f"clauses[{i}].condition")
-        for key, value in (values or {}).items():
-            check_sql_text(value, f"clauses[{i}].set[{key}]")
-        out.append(dict(clause))
-    return out
-
-
-def check_sql_text(value: Any, what: str) -> None:
-    """An expression from the DAG is SQL text; when it holds no template it must parse now.
-
-    A number or ``None`` is refused rather than turned into text (``None`` would become a column).
-    """
-    if not isinstance(value, str):
-        raise JobSpecError(f"{what} must be SQL text, got {type(value).__name__} {value!r}; write a number or a "
-                           "string literal as SQL (\"1.5\", \"'closed'\")")
-    if not _templated(value):
-        parse_expression(value, what)
-
-
-def _column_name(snapshot: Snapshot, key: Any, what: str) -> str:
-    """The table's own spelling of a column named by the DAG (Spark resolves names case-insensitively)."""
-    field = snapshot.schema.find(key) if isinstance(key, str) else None
-    if field is None:
-        raise JobSpecError(f"{what} names {key!r}, which is not a column of the table; columns: "
-                           f"{', '.join(snapshot.schema.field_names)}")
-    return field.name
-
-
-def _partition_column(snapshot: Snapshot, name: str) -> bool:
-    return name.lower() in {c.lower() for c in snapshot.partition_columns}
-
-
-def _refuse_moving_rows(snapshot: Snapshot, name: str, what: str) -> None:
-    """Refuse setting a column that decides a row's partition: the partition column itself, or a
-    column a generated partition column is computed from (Delta recomputes it on UPDATE and MERGE)."""
-    if _partition_column(snapshot, name):
-        raise JobSpecError(f"{what} sets partition column {name!r}: it would move rows out of the partitions the "
-                           "job is confined to")
-    for column in snapshot.partition_columns:
-        field = snapshot.schema.find(column)
-        expression = field.metadata.get(GENERATION_EXPRESSION) if field is not None else None
-        if isinstance(expression, str) and name.lower() in _names_in(expression):
-            raise JobSpecError(f"{what} sets {name!r}, from which partition column {column!r} is generated "
-                               f"({expression}): it would move rows out of the partitions the job is confined to")
-
-
-GENERATION_EXPRESSION = "delta.generationExpression"
-
-
-def _names_in(expression: str) -> set[str]:
-    """Every name in a generation expression, lower-cased (a superset of the columns it reads)."""
-    from airflow_delta_occ.engine.errors import PredicateSyntaxError
-    from airflow_delta_occ.engine.sql_parser import tokenize
-
-    try:
-        return {str(t.value).lower() for t in tokenize(expression) if t.kind in ("ident", "qident")}
-    except PredicateSyntaxError:  # cannot read it: every column may feed it
-        return {"*"} | {w.lower() for w in expression.replace("`", " ").split()}
-
-
-def _typed(operands: Mapping[str, str], pfilter: PartitionFilter) -> dict[str, str]:
-    """Each written value cast to its partition column's type, as Delta casts it when writing.
-
-    A source ``hour INT`` of 7 equals the string partition ``'07'`` when Spark compares them, but
-    is written as ``'7'``: the check must compare what will be written.
-    """
-    out = {}
-    for name, operand in operands.items():
-        data_type = pfilter.type_of(name)
-        out[name] = f"TRY_CAST({operand} AS {data_type.simple_string()})" if data_type is not None else operand
-    return out
 
 
 class DeltaMergeOperator(DeltaBaseOperator):
@@ -353,8 +239,8 @@ class DeltaMergeOperator(DeltaBaseOperator):
                  clauses: Sequence[Mapping[str, Any]] | None = None, target_alias: str = "t",
                  source_alias: str = "s", **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        _check_one_source(type(self).__name__, source, source_table, source_query)
-        if not _templated(merge_condition):
+        check_one_source(type(self).__name__, source, source_table, source_query)
+        if not templated(merge_condition):
             parse_expression(merge_condition, "merge_condition")
         self.clauses = check_clauses(clauses if clauses is not None else
                                      [{"kind": "matched_update_all"}, {"kind": "not_matched_insert_all"}])
@@ -384,13 +270,13 @@ class DeltaMergeOperator(DeltaBaseOperator):
                 cond = conjoin(confined, cond)  # rows of other partitions are "not matched by source" too
             values: dict[str, str] = {}
             for key, value in (c.get("set") or {}).items():
-                name = _column_name(snapshot, key, f"clauses[{i}].set")
+                name = column_name(snapshot, key, f"clauses[{i}].set")
                 if name in values:
                     raise JobSpecError(f"clauses[{i}].set names {name!r} twice")
                 expr = parse_expression(str(value), f"clauses[{i}].set[{key}]")
                 if pfilter and kind != "not_matched_insert":
-                    _refuse_moving_rows(snapshot, name, f"clauses[{i}] ({kind})")
-                if pfilter and kind == "not_matched_insert" and _partition_column(snapshot, name) \
+                    refuse_moving_rows(snapshot, name, f"clauses[{i}] ({kind})")
+                if pfilter and kind == "not_matched_insert" and is_partition_column(snapshot, name) \
                         and not is_deterministic(expr):
                     raise JobSpecError(f"clauses[{i}].set[{key}] writes partition column {name!r} with a "
                                        "non-deterministic expression: the rows it inserts cannot be checked "
@@ -415,7 +301,7 @@ class DeltaMergeOperator(DeltaBaseOperator):
             raise MissingPartitionConstraintError(
                 "strict_partitions needs partitions= on a MERGE: only then are its NOT MATCHED BY SOURCE clauses and "
                 "its source rows confined too, not just its ON condition")
-        checks = list(dict.fromkeys(pfilter.over(_typed(w, pfilter), w) for w in writes)) if pfilter else []
+        checks = list(dict.fromkeys(pfilter.over(typed_operands(w, pfilter), w) for w in writes)) if pfilter else []
         return JobSpec(operation="merge", **self._common(snapshot, run),
                        source=_source(self.source, self.source_table, self.source_query, self.source_format),
                        condition=condition, partition_filter=pfilter.to_sql() or None, clauses=tuple(clauses),
@@ -435,7 +321,7 @@ class DeltaUpdateOperator(DeltaBaseOperator):
             raise JobSpecError(f"set must be a non-empty mapping of column to SQL expression, got {set!r}")
         for key, value in set.items():
             check_sql_text(value, f"set[{key}]")
-        if where is not None and not _templated(where):
+        if where is not None and not templated(where):
             parse_expression(where, "where")
         self.set, self.where = dict(set), where
 
@@ -446,11 +332,11 @@ class DeltaUpdateOperator(DeltaBaseOperator):
         self._check_constrained(snapshot, condition, None)
         values: dict[str, str] = {}
         for key, value in self.set.items():
-            name = _column_name(snapshot, key, "set")
+            name = column_name(snapshot, key, "set")
             if name in values:
                 raise JobSpecError(f"set names {name!r} twice")
             if pfilter:
-                _refuse_moving_rows(snapshot, name, "the UPDATE")
+                refuse_moving_rows(snapshot, name, "the UPDATE")
             values[name] = render_expression(str(value), f"set[{key}]")
         return JobSpec(operation="update", **self._common(snapshot, run), condition=condition,
                        partition_filter=pfilter.to_sql() or None, set=values)
@@ -466,7 +352,7 @@ class DeltaDeleteOperator(DeltaBaseOperator):
         super().__init__(**kwargs)
         if where is None and self.partitions is None:
             raise JobSpecError("DeltaDeleteOperator needs where= or partitions= (deleting everything is refused)")
-        if where is not None and not _templated(where):
+        if where is not None and not templated(where):
             parse_expression(where, "where")
         self.where = where
 
@@ -499,8 +385,8 @@ class DeltaOptimizeOperator(DeltaBaseOperator):
         pfilter = self._partition_filter(snapshot)
         columns: list[str] = []
         for column in self.zorder_by:
-            name = _column_name(snapshot, column, "zorder_by")
-            if _partition_column(snapshot, name):
+            name = column_name(snapshot, column, "zorder_by")
+            if is_partition_column(snapshot, name):
                 raise JobSpecError(f"zorder_by column {column!r} is a partition column; Z-ordering applies within "
                                    "a partition")
             if name in columns:
@@ -524,7 +410,7 @@ class DeltaAppendOperator(DeltaBaseOperator):
     def __init__(self, *, source: str | None = None, source_table: str | None = None,
                  source_query: str | None = None, source_format: str = "delta", **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        _check_one_source(type(self).__name__, source, source_table, source_query)
+        check_one_source(type(self).__name__, source, source_table, source_query)
         self.source, self.source_table, self.source_query = source, source_table, source_query
         self.source_format = source_format
 
@@ -532,7 +418,7 @@ class DeltaAppendOperator(DeltaBaseOperator):
         if not pfilter:
             return {}
         values = {c: f"`s`.{render_identifier(c)}" for c in pfilter.columns}
-        return {"source_check": pfilter.over(_typed(values, pfilter), values), "source_values": values}
+        return {"source_check": pfilter.over(typed_operands(values, pfilter), values), "source_values": values}
 
     def build_spec(self, snapshot: Snapshot, run: RunIdentity) -> JobSpec:
         pfilter = self._partition_filter(snapshot)

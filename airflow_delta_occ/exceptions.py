@@ -6,7 +6,9 @@ author can get wrong before Spark starts, and what the runner reports after it r
 
 from __future__ import annotations
 
-from airflow_delta_occ.engine.errors import DeltaOccError
+from typing import Any
+
+from airflow_delta_occ.engine.errors import ConflictKind, DeltaOccError
 
 
 class DeltaJobError(DeltaOccError):
@@ -33,12 +35,42 @@ class UnsafeExpressionError(JobSpecError):
     """A condition or expression from the DAG is not accepted as SQL (comments, ``;``, bad syntax)."""
 
 
+class StatementRefusedError(JobSpecError):
+    """Spark refused the job's statement when it analysed it (an unknown column, a type mismatch).
+
+    Raised by the runner, with the first line of Spark's message; retrying cannot fix it.
+    """
+
+
 class SourceNotFoundError(DeltaJobError):
     """The job's source table, path or query could not be read."""
 
 
 class ConflictSkipped(DeltaJobError):
     """A conflict whose policy is ``skip``: the work is already done or no longer needed."""
+
+    def __init__(self, message: str, *, kind: ConflictKind | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), str(self), {"kind": self.kind}))
+
+
+class ConflictFailure(DeltaJobError):
+    """A Delta conflict whose policy says fail, or whose retries inside the job ran out.
+
+    The message names the conflict, the attempts and the advice for the DAG author; ``kind`` is what
+    the task-level retry policy decides on. Build it with ``retry.classify.conflict_failure``.
+    """
+
+    def __init__(self, message: str, *, kind: ConflictKind, attempts: int) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.attempts = attempts
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), str(self), {"kind": self.kind, "attempts": self.attempts}))
 
 
 class CommitNotConfirmedError(DeltaJobError):
@@ -58,20 +90,10 @@ class SourceOutsidePartitionsError(JobSpecError):
         self.count = count
         self.samples = samples
 
-
-def rejection_from_name(name: str, message: str) -> DeltaJobError:
-    """Rebuild a refusal the runner reported by class name (spark-submit mode), as the same class.
-
-    Only the job layer's input errors travel this way; their constructors take the message alone.
-    Anything else becomes a ``JobSpecError`` that names the original class.
-    """
-    for cls in _REJECTIONS:
-        if cls.__name__ == name:
-            return cls(message)
-    return JobSpecError(f"{name}: {message}")
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), str(self), {"count": self.count, "samples": self.samples}))
 
 
-_REJECTIONS: tuple[type[DeltaJobError], ...] = (
-    JobSpecError, PartitionSpecError, MissingPartitionConstraintError, UnsafeExpressionError, SourceNotFoundError,
-    SourceOutsidePartitionsError,
-)
+def _rebuild(cls: type[DeltaJobError], message: str, fields: dict[str, Any]) -> DeltaJobError:
+    """Unpickle an error whose constructor takes keyword fields (Airflow may pickle task errors)."""
+    return cls(message, **fields)

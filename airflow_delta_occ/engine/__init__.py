@@ -41,7 +41,9 @@ from .errors import (
     ConcurrentWriteException,
     DeltaConcurrentModificationException,
     DeltaOccError,
+    ExpressionDecodeError,
     FileAlreadyExistsError,
+    FootprintDecodeError,
     InvalidCommitError,
     InvalidLiteralError,
     LogCorruptError,
@@ -56,6 +58,7 @@ from .errors import (
     UnsupportedProtocolError,
     VersionNotFoundError,
 )
+from .expr_json import expr_from_json, expr_to_json
 from .schema import ArrayType, DataType, DecimalType, MapType, PrimitiveType, StructField, StructType
 from .snapshot import SUPPORTED_READER_FEATURES, Commit, DeltaLog, Snapshot
 from .storage import FileMeta, LocalStorage, PyArrowStorage, Storage
@@ -85,8 +88,10 @@ __all__ = [
     "DeltaLog",
     "DeltaOccError",
     "DomainMetadata",
+    "ExpressionDecodeError",
     "FileAlreadyExistsError",
     "FileMeta",
+    "FootprintDecodeError",
     "InvalidCommitError",
     "InvalidLiteralError",
     "IsolationLevel",
@@ -119,5 +124,7 @@ __all__ = [
     "VersionNotFoundError",
     "WinningCommit",
     "check_winning_commit",
+    "expr_from_json",
+    "expr_to_json",
     "isolation_to_use",
 ]

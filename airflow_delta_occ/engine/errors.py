@@ -13,7 +13,9 @@ line, version or column involved so a person can act on it without a debugger.
     ├── PredicateError              a filter the engine cannot accept
     │   ├── PredicateSyntaxError    the SQL text does not parse
     │   ├── UnknownColumnError      a column the table does not have
-    │   └── InvalidLiteralError     a literal that does not fit the column's type
+    │   ├── InvalidLiteralError     a literal that does not fit the column's type
+    │   └── ExpressionDecodeError   JSON that does not describe an expression (``expr_from_json``)
+    ├── FootprintDecodeError        JSON that does not describe a planned job (``Footprint.from_json``)
     ├── StorageError                the filesystem refused an operation
     │   └── FileAlreadyExistsError  put-if-absent lost the race for a version
     ├── CommitError                 a commit could not be made
@@ -30,6 +32,8 @@ line, version or column involved so a person can act on it without a debugger.
 """
 
 from __future__ import annotations
+
+from enum import StrEnum
 
 
 class DeltaOccError(Exception):
@@ -120,6 +124,28 @@ class InvalidLiteralError(PredicateError):
         self.column = column
         target = f"column {column!r} of type {type_name}" if column else f"type {type_name}"
         super().__init__(f"value {value!r} is not a valid literal for {target}")
+
+
+class ExpressionDecodeError(PredicateError):
+    """JSON handed to ``expr_from_json`` does not describe an expression.
+
+    It comes from outside the process (a job spec, a lease, a trigger's arguments), so every defect
+    is reported with ``path``, the place in the document (``$.args[1].right``), not as a Python error.
+    """
+
+    def __init__(self, message: str, *, path: str = "$") -> None:
+        self.path = path
+        shown = path if len(path) <= 160 else f"{path[:60]}...{path[-90:]}"  # the tail of a deep path matters
+        super().__init__(f"invalid expression JSON at {shown}: {message}")
+
+
+class FootprintDecodeError(DeltaOccError):
+    """JSON handed to ``Footprint.from_json`` does not describe a footprint; ``field`` names the culprit."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        self.field = field
+        where = f", field {field}" if field is not None else ""
+        super().__init__(f"invalid footprint JSON{where}: {message}")
 
 
 class StorageError(DeltaOccError):
@@ -247,3 +273,36 @@ CONFLICT_EXCEPTIONS: tuple[type[DeltaConcurrentModificationException], ...] = (
     ConcurrentTransactionException,
     ConcurrentWriteException,
 )
+
+
+class ConflictKind(StrEnum):
+    """The conflict vocabulary of the whole provider: one member per delta-spark exception, by its name.
+
+    Every table that speaks of conflicts derives from this one: the exception classes above (their
+    error classes), the retry layer's classification and advice, and the planner's verdicts.
+    """
+
+    APPEND = "ConcurrentAppendException"
+    DELETE_READ = "ConcurrentDeleteReadException"
+    DELETE_DELETE = "ConcurrentDeleteDeleteException"
+    METADATA = "MetadataChangedException"
+    PROTOCOL = "ProtocolChangedException"
+    TRANSACTION = "ConcurrentTransactionException"
+    WRITE = "ConcurrentWriteException"
+
+    @property
+    def exception_class(self) -> type[DeltaConcurrentModificationException]:
+        """The engine's exception class of this kind."""
+        return _CONFLICT_CLASS[self]
+
+    @property
+    def error_class(self) -> str:
+        """delta-spark's error class (``DELTA_CONCURRENT_APPEND`` ...)."""
+        return _CONFLICT_CLASS[self].error_class
+
+
+_CONFLICT_CLASS: dict[ConflictKind, type[DeltaConcurrentModificationException]] = {
+    ConflictKind(cls.__name__): cls for cls in CONFLICT_EXCEPTIONS
+}
+if set(_CONFLICT_CLASS) != set(ConflictKind):  # a kind without its class would misclassify silently
+    raise ImportError(f"conflict kinds without an exception class: {set(ConflictKind) - set(_CONFLICT_CLASS)}")

@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from .actions import Action, AddFile, Metadata, Protocol, RemoveFile
+from .actions import METADATA, PROTOCOL, Action, AddFile, Metadata, Protocol, RemoveFile
+from .actions import _type_name as _json_kind
 from .conflicts import (
     DATA_CHANGING_OPERATIONS,
     IsolationLevel,
@@ -46,7 +47,14 @@ from .conflicts import (
     isolation_to_use,
     table_isolation_level,
 )
-from .errors import DeltaConcurrentModificationException, InvalidCommitError
+from .errors import (
+    DeltaConcurrentModificationException,
+    ExpressionDecodeError,
+    FootprintDecodeError,
+    InvalidCommitError,
+    LogCorruptError,
+)
+from .expr_json import expr_from_json, expr_to_json
 from .expressions import (
     TRUE,
     And,
@@ -61,6 +69,8 @@ from .expressions import (
     split_conjuncts,
 )
 from .expressions import Literal as Lit
+from .log_writer import action_to_json
+from .schema import parse_schema
 from .snapshot import Snapshot
 from .values import format_partition_value
 
@@ -124,6 +134,155 @@ class Footprint:
     read_app_ids: frozenset[str] = frozenset()
     written_app_ids: frozenset[str] = frozenset()
     row_level_eligible: bool = True                  # conditions simple enough for row-level concurrency
+
+    def to_json(self) -> dict[str, Any]:
+        """The footprint as plain JSON (a lease or a trigger's arguments carry it); ``from_json`` reverses it.
+
+        Keys are the field names. The predicate is in ``expr_to_json``'s form, metadata and protocol in
+        the form of their Delta log actions, sets as sorted arrays.
+
+        Raises:
+            ValueError, TypeError: ``read_predicate`` has no JSON form (see ``expr_to_json``).
+        """
+        return {
+            "operation": Operation(self.operation).value,
+            "label": self.label,
+            "read_predicate": None if self.read_predicate is None else expr_to_json(self.read_predicate),
+            "read_whole_table": self.read_whole_table,
+            "read_files": {path: dict(values) for path, values in self.read_files.items()},
+            "removes": {path: dict(values) for path, values in self.removes.items()},
+            "write_partitions": None if self.write_partitions is None else [dict(p) for p in self.write_partitions],
+            "adds_files": self.adds_files,
+            "data_change": self.data_change,
+            "blind_append": self.blind_append,
+            "metadata": None if self.metadata is None else action_to_json(self.metadata)[METADATA],
+            "protocol": None if self.protocol is None else action_to_json(self.protocol)[PROTOCOL],
+            "read_app_ids": sorted(self.read_app_ids),
+            "written_app_ids": sorted(self.written_app_ids),
+            "row_level_eligible": self.row_level_eligible,
+        }
+
+    @classmethod
+    def from_json(cls, data: object) -> Footprint:
+        """Rebuild a footprint from ``to_json``'s form; the document is untrusted.
+
+        Fields with a default (``metadata``, ``protocol``, the app ids, ``row_level_eligible``) may
+        be left out.
+
+        Raises:
+            FootprintDecodeError: the document does not describe a footprint; ``field`` names where.
+        """
+        if not isinstance(data, dict):
+            raise FootprintDecodeError(f"a footprint must be an object, got {_json_kind(data)}")
+        return cls(
+            operation=_operation_field(data),
+            label=_typed_field(data, "label", str),
+            read_predicate=_predicate_field(data),
+            read_whole_table=_typed_field(data, "read_whole_table", bool),
+            read_files=_files_field(data, "read_files"),
+            removes=_files_field(data, "removes"),
+            write_partitions=_write_partitions_field(data),
+            adds_files=_typed_field(data, "adds_files", bool),
+            data_change=_typed_field(data, "data_change", bool),
+            blind_append=_typed_field(data, "blind_append", bool),
+            metadata=_action_field(data, "metadata", _metadata_from_json),
+            protocol=_action_field(data, "protocol", Protocol.from_dict),
+            read_app_ids=_app_ids_field(data, "read_app_ids"),
+            written_app_ids=_app_ids_field(data, "written_app_ids"),
+            row_level_eligible=_typed_field(data, "row_level_eligible", bool, default=True),
+        )
+
+
+# -- footprint JSON fields: each check names its field, because a lease is written by another process
+
+_T = TypeVar("_T")
+_A = TypeVar("_A")
+_MISSING: Any = object()
+
+
+def _typed_field(data: Mapping[str, object], key: str, kind: type[_T], default: _T = _MISSING) -> _T:
+    """``data[key]`` of JSON type ``kind`` (``str``, ``bool``, ``dict``, ``list``)."""
+    value = data.get(key, default)
+    if value is _MISSING:
+        raise FootprintDecodeError("required field is missing", field=key)
+    if not isinstance(value, kind):
+        # kind() is an empty instance: its JSON type name is the expected one
+        raise FootprintDecodeError(f"must be {_json_kind(kind())}, got {_json_kind(value)}", field=key)
+    return value
+
+
+def _operation_field(data: Mapping[str, object]) -> Operation:
+    name = _typed_field(data, "operation", str)
+    try:
+        return Operation(name)
+    except ValueError:
+        raise FootprintDecodeError(f"unknown operation {name!r}; expected one of {', '.join(Operation)}",
+                                   field="operation") from None
+
+
+def _predicate_field(data: Mapping[str, object]) -> Expr | None:
+    raw = data.get("read_predicate")
+    if raw is None:
+        return None
+    try:
+        return expr_from_json(raw)
+    except ExpressionDecodeError as exc:
+        raise FootprintDecodeError(str(exc), field="read_predicate") from exc
+
+
+def _partition(raw: object, field: str) -> dict[str, str | None]:
+    """Serialized partition values: strings, or ``null`` for a NULL partition."""
+    if not isinstance(raw, dict):
+        raise FootprintDecodeError(f"partition values must be an object, got {_json_kind(raw)}", field=field)
+    for column, value in raw.items():
+        if not isinstance(column, str):
+            raise FootprintDecodeError(f"partition column names must be strings, got {_json_kind(column)}",
+                                       field=field)
+        if value is not None and not isinstance(value, str):
+            raise FootprintDecodeError(f"partition value of {column!r} must be a string or null, got "
+                                       f"{_json_kind(value)}", field=field)
+    return dict(raw)
+
+
+def _files_field(data: Mapping[str, object], key: str) -> dict[str, dict[str, str | None]]:
+    files = _typed_field(data, key, dict)
+    return {path: _partition(values, f"{key}[{path!r}]") for path, values in files.items()}
+
+
+def _write_partitions_field(data: Mapping[str, object]) -> tuple[dict[str, str | None], ...] | None:
+    raw = data.get("write_partitions")
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise FootprintDecodeError(f"must be an array or null, got {_json_kind(raw)}", field="write_partitions")
+    return tuple(_partition(p, f"write_partitions[{i}]") for i, p in enumerate(raw))
+
+
+def _app_ids_field(data: Mapping[str, object], key: str) -> frozenset[str]:
+    ids = _typed_field(data, key, list, default=[])
+    if not all(isinstance(i, str) for i in ids):
+        raise FootprintDecodeError("must be an array of strings", field=key)
+    return frozenset(ids)
+
+
+def _metadata_from_json(raw: Mapping[str, Any]) -> Metadata:
+    """A ``metaData`` action whose schema parses now, not when a conflict check first reads it."""
+    metadata = Metadata.from_dict(raw)
+    parse_schema(metadata.schema_string)
+    return metadata
+
+
+def _action_field(data: Mapping[str, object], key: str, parse: Callable[[Mapping[str, Any]], _A]) -> _A | None:
+    """A Delta action in its log form (``metaData`` / ``protocol`` payload), checked like a log line."""
+    raw = data.get(key)
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise FootprintDecodeError(f"must be an object or null, got {_json_kind(raw)}", field=key)
+    try:
+        return parse(raw)
+    except (ValueError, TypeError, KeyError, LogCorruptError) as exc:  # MalformedActionError is a ValueError
+        raise FootprintDecodeError(str(exc), field=key) from exc
 
 
 @dataclass(frozen=True)

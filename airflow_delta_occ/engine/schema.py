@@ -159,6 +159,32 @@ def parse_schema(schema_string: str) -> StructType:
     return parsed
 
 
+def data_type_from_json(raw: Any) -> DataType:
+    """A type in the JSON form of a schema string (``"long"``, ``{"type": "array", ...}``).
+
+    Raises:
+        LogCorruptError: ``raw`` is not a type the engine knows (callers outside the log re-raise it
+            as their own error).
+    """
+    return _parse_type(raw, 0)
+
+
+def data_type_to_json(data_type: DataType) -> str | dict[str, Any]:
+    """The JSON form a ``schemaString`` uses for ``data_type``; ``data_type_from_json`` reads it back."""
+    if isinstance(data_type, PrimitiveType | DecimalType):
+        return data_type.simple_string()
+    if isinstance(data_type, ArrayType):
+        return {"type": "array", "elementType": data_type_to_json(data_type.element_type),
+                "containsNull": data_type.contains_null}
+    if isinstance(data_type, MapType):
+        return {"type": "map", "keyType": data_type_to_json(data_type.key_type),
+                "valueType": data_type_to_json(data_type.value_type),
+                "valueContainsNull": data_type.value_contains_null}
+    return {"type": "struct", "fields": [
+        {"name": f.name, "type": data_type_to_json(f.type), "nullable": f.nullable, "metadata": dict(f.metadata)}
+        for f in data_type.fields]}
+
+
 def _parse_type(raw: Any, depth: int) -> DataType:
     if depth > MAX_SCHEMA_DEPTH:
         raise LogCorruptError(f"schema nests types more than {MAX_SCHEMA_DEPTH} levels deep")

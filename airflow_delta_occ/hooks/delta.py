@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -21,12 +20,12 @@ from typing import Any
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
-from airflow_delta_occ.exceptions import ConflictSkipped, DeltaJobError, rejection_from_name
-from airflow_delta_occ.jobspec import JobSpec
-from airflow_delta_occ.retry import ConflictFailure, ConflictKind, classify_conflict
+from airflow_delta_occ.config import MODES, default_mode
+from airflow_delta_occ.exceptions import DeltaJobError
+from airflow_delta_occ.jobs.result import JobResult
+from airflow_delta_occ.jobs.spec import JobSpec
+from airflow_delta_occ.retry.classify import ConflictKind, classify_conflict, conflict_failure
 from airflow_delta_occ.spark.session import CONNECT_MODE_FLAG
-
-MODES = ("embedded", "spark-submit", "connect")
 
 
 class DeltaSparkHook(BaseHook):
@@ -47,7 +46,7 @@ class DeltaSparkHook(BaseHook):
                 if delta_conn_id != self.default_conn_name:
                     raise
         self.extras = extras
-        self.mode = mode or extras.get("mode") or _configured_mode()
+        self.mode = mode or extras.get("mode") or default_mode()
         if self.mode not in MODES:
             raise DeltaJobError(f"unknown mode {self.mode!r} in connection {delta_conn_id!r}; use one of {MODES}")
         self.spark_conf = {**extras.get("spark_conf", {}), **(spark_conf or {})}
@@ -108,16 +107,23 @@ class DeltaSparkHook(BaseHook):
         return str(row["location"])
 
     # -- running ----------------------------------------------------------------------------------
-    def run(self, spec: JobSpec) -> dict[str, Any]:
-        """Execute the job; conflicts surface as ``ConflictFailure`` / ``ConflictSkipped`` in every mode."""
+    def run(self, spec: JobSpec) -> JobResult:
+        """Execute the job and return its result; any other outcome raises its typed exception.
+
+        Every mode returns the runner's ``JobResult`` through its JSON form, and one call
+        (``JobResult.raise_for_status``) decodes it: the same failure raises the same class with the
+        same message whether the job ran embedded, through ``spark-submit`` or over Spark Connect.
+        """
         if self.mode == "spark-submit":
-            return self._submit(spec)
-        from airflow_delta_occ.spark.runner import run_job
+            result = self._submit(spec)
+        else:
+            from airflow_delta_occ.spark.runner import run_job
 
-        with self.job_session() as spark:
-            return run_job(spark, spec)
+            with self.job_session() as spark:
+                result = JobResult.from_json(run_job(spark, spec).to_json())
+        return result.raise_for_status()
 
-    def _submit(self, spec: JobSpec) -> dict[str, Any]:
+    def _submit(self, spec: JobSpec) -> JobResult:
         from airflow_delta_occ.spark import runner
         from airflow_delta_occ.spark.session import delta_submit_conf
 
@@ -131,39 +137,16 @@ class DeltaSparkHook(BaseHook):
         try:
             hook.submit(hook.application)
         except Exception as exc:
-            result = hook.result
-            if result is not None:
-                _raise_for_result(result)
-            kind = hook.conflict
-            if kind is not None:
-                raise ConflictFailure(kind, 0, exc) from exc
+            reported: JobResult | None = hook.result
+            if reported is not None:  # the runner reported its outcome; the exit code only repeats it
+                return reported
+            if hook.conflict is not None:  # the driver died after Delta raised a conflict
+                raise conflict_failure(hook.conflict, 0, exc) from exc
             raise
-        if hook.result is None:
+        final: JobResult | None = hook.result
+        if final is None:
             raise DeltaJobError("spark-submit finished without the runner's result line")
-        final: dict[str, Any] = dict(hook.result)
-        _raise_for_result(final)
         return final
-
-
-def _configured_mode() -> str:
-    from airflow.sdk import conf
-
-    return str(conf.get("delta_occ", "default_mode", fallback="embedded"))
-
-
-def _raise_for_result(result: Mapping[str, Any]) -> None:
-    status = result.get("status")
-    if status == "success":
-        return
-    message = str(result.get("error", ""))
-    if status == "skipped":
-        raise ConflictSkipped(message)
-    if status == "rejected":
-        raise rejection_from_name(str(result.get("error_type", "")), message)
-    if status == "conflict":
-        kind = ConflictKind(result["conflict"])
-        raise ConflictFailure(kind, int(result.get("attempts", 0)), RuntimeError(message))
-    raise DeltaJobError(f"the Spark job failed ({status}): {message}")
 
 
 @functools.cache
@@ -183,7 +166,7 @@ def _submit_hook_class() -> Any:
         def __init__(self, *, application: str, **kwargs: Any) -> None:
             super().__init__(**kwargs)
             self.application = application
-            self.result: dict[str, Any] | None = None
+            self.result: JobResult | None = None
             self.conflict: ConflictKind | None = None
 
         def _process_spark_submit_log(self, itr: Any) -> None:
@@ -192,7 +175,7 @@ def _submit_hook_class() -> Any:
                 line = raw.strip()
                 lines.append(line)
                 if line.startswith(RESULT_PREFIX):
-                    self.result = json.loads(line[len(RESULT_PREFIX):])
+                    self.result = JobResult.from_json(line[len(RESULT_PREFIX):])
                 elif self.conflict is None:
                     self.conflict = classify_conflict(line)
             super()._process_spark_submit_log(iter(line + "\n" for line in lines))

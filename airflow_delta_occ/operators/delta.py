@@ -9,15 +9,16 @@ run time, and the final condition that ran) is the task's XCom return value.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from dataclasses import dataclass, replace
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
-from airflow_delta_occ.engine import DeltaLog, Snapshot
+from airflow_delta_occ import config
 from airflow_delta_occ.engine.constraints import confining_conjuncts
 from airflow_delta_occ.engine.expressions import is_deterministic
 from airflow_delta_occ.engine.sql_parser import render_identifier, to_sql
@@ -26,10 +27,9 @@ from airflow_delta_occ.exceptions import (
     ConflictSkipped,
     JobSpecError,
     MissingPartitionConstraintError,
-    ProviderConfigError,
 )
 from airflow_delta_occ.hooks.delta import DeltaSparkHook
-from airflow_delta_occ.job_checks import (
+from airflow_delta_occ.jobs.checks import (
     check_clauses,
     check_one_source,
     check_sql_text,
@@ -39,17 +39,36 @@ from airflow_delta_occ.job_checks import (
     templated,
     typed_operands,
 )
-from airflow_delta_occ.jobspec import JobSpec, MergeClause, RunIdentity, SourceRef, TableRef
-from airflow_delta_occ.partitions import (
+from airflow_delta_occ.jobs.partitions import (
     PartitionFilter,
     build_partition_filter,
     conjoin,
+    conjoin_exprs,
     parse_expression,
     partitions_mapping,
     render_expression,
 )
-from airflow_delta_occ.retry import layer_overrides
-from airflow_delta_occ.retry_policy import DeltaConflictRetryPolicy
+from airflow_delta_occ.jobs.result import JobResult
+from airflow_delta_occ.jobs.spec import JobSpec, MergeClause, RunIdentity, SourceRef, TableRef
+from airflow_delta_occ.retry.airflow import DeltaConflictRetryPolicy
+from airflow_delta_occ.retry.policy import layer_overrides
+
+if TYPE_CHECKING:  # the engine loads pyarrow: imported when a table is read, not with the operator
+    from airflow_delta_occ.engine import Snapshot
+    from airflow_delta_occ.engine.expressions import Expr
+    from airflow_delta_occ.engine.planner import Footprint
+
+
+@dataclass(frozen=True)
+class PreparedJob:
+    """Everything decided before Spark starts: the table's location and snapshot, the job, and its
+    footprint (what it reads and writes, planned from the spec and the snapshot alone). A conflict
+    lease is taken on the footprint between ``prepare`` and ``run``."""
+
+    location: str
+    snapshot: Snapshot
+    spec: JobSpec
+    footprint: Footprint
 
 
 class DeltaBaseOperator(BaseOperator):
@@ -60,7 +79,7 @@ class DeltaBaseOperator(BaseOperator):
     :param partitions: ``{"date": "{{ ds }}", "country": ["DE", "FR"]}``; typed by the table's schema
         and ANDed into the job's condition so concurrent jobs on other partitions do not conflict.
         A value that renders to nothing (``None``, ``''``, ``'None'``) is refused; the NULL partition
-        is asked for with ``airflow_delta_occ.partitions.NULL_PARTITION``.
+        is asked for with ``airflow_delta_occ.jobs.partitions.NULL_PARTITION``.
     :param strict_partitions: fail instead of warning when a job on a partitioned table does not
         confine its partitions (``country = 'DE' OR 1 = 1`` confines nothing).
     :param source_outside_partitions: what to do with source rows that would be written outside
@@ -96,7 +115,11 @@ class DeltaBaseOperator(BaseOperator):
             self._policy_overrides = layer_overrides(conflict_policies)
         except (ValueError, TypeError) as exc:
             raise JobSpecError(f"conflict_policies: {exc}") from exc
-        kwargs.setdefault("retry_policy", DeltaConflictRetryPolicy())
+        # One retry decision at both levels: the task-level policy resolves the same layers (platform
+        # defaults, then this task's conflict_policies) as the runner's in-job loop.
+        kwargs.setdefault("retry_policy", DeltaConflictRetryPolicy(self.operation, self._policy_overrides))
+        # A retry policy never extends past `retries` (Airflow's default is 0): Delta tasks get a few.
+        kwargs.setdefault("retries", config.task_retries())
         super().__init__(**kwargs)
         self.table = table
         self.table_name = table_name
@@ -108,20 +131,22 @@ class DeltaBaseOperator(BaseOperator):
         self.idempotent = idempotent
 
     # -- building the job -------------------------------------------------------------------------
-    def _hook(self) -> DeltaSparkHook:
+    @cached_property
+    def hook(self) -> DeltaSparkHook:
+        """Built on first use, in the worker (never at DAG parse time)."""
         return DeltaSparkHook(self.delta_conn_id, spark_conf=self.spark_conf)
 
-    def _location(self, hook: DeltaSparkHook) -> str:
-        return self.table if self.table is not None else hook.table_location(str(self.table_name))
+    def _location(self) -> str:
+        return self.table if self.table is not None else self.hook.table_location(str(self.table_name))
 
     def _partition_filter(self, snapshot: Snapshot) -> PartitionFilter:
         return build_partition_filter(snapshot.schema, snapshot.partition_columns, self.partitions)
 
-    def _check_constrained(self, snapshot: Snapshot, condition: str | None, alias: str | None) -> None:
+    def _check_constrained(self, snapshot: Snapshot, condition: Expr | None, alias: str | None) -> None:
         """Warn, or refuse under ``strict_partitions``, when the final condition confines no partition."""
         if not snapshot.partition_columns:
             return
-        if condition:
+        if condition is not None:
             expr = snapshot.bind(condition, target_alias=alias)
             types = {c: f.type for c in snapshot.partition_columns if (f := snapshot.schema.find(c)) is not None}
             if confining_conjuncts(expr, types):
@@ -136,73 +161,84 @@ class DeltaBaseOperator(BaseOperator):
 
     def _run_identity(self, context: Any) -> RunIdentity:
         ti = context["ti"]
+        try_number = int(getattr(ti, "try_number", 1) or 1)
+        max_tries = getattr(ti, "max_tries", None)
+        # Airflow sets max_tries = try_number + retries when a task instance is cleared, and keeps it
+        # across retries: the first try of the current series is max_tries - retries + 1 (as the
+        # Task SDK computes it for reschedules). Clamped, in case retries changed since.
+        first_try = try_number if max_tries is None else max(1, min(try_number, int(max_tries) - int(self.retries or 0) + 1))
         return RunIdentity(dag_id=ti.dag_id, task_id=ti.task_id, run_id=context["run_id"],
-                           map_index=getattr(ti, "map_index", -1), try_number=getattr(ti, "try_number", 1))
+                           map_index=getattr(ti, "map_index", -1), try_number=try_number,
+                           first_try=first_try if max_tries is not None else 1)
 
     def build_spec(self, snapshot: Snapshot, run: RunIdentity) -> JobSpec:
         raise NotImplementedError
 
-    # -- running ----------------------------------------------------------------------------------
+    # -- running: prepare -> run -> confirm -------------------------------------------------------
     def execute(self, context: Any) -> dict[str, Any]:
         started = time.monotonic()
-        hook = self._hook()
-        location = self._location(hook)
-        snapshot = DeltaLog.for_table(location).snapshot()  # TableNotFoundError before Spark starts
-        spec = self.build_spec(snapshot, self._run_identity(context))
-        self.log.info("Delta %s on %s, condition: %s", spec.operation, spec.target.label, spec.condition)
+        prepared = self.prepare(context)
+        self.log.info("Delta %s on %s at version %s, condition: %s", prepared.spec.operation,
+                      prepared.spec.target.label, prepared.snapshot.version, prepared.spec.condition)
         try:
-            result = hook.run(spec)
+            result = self.hook.run(prepared.spec)
         except ConflictSkipped as exc:
             raise AirflowSkipException(str(exc)) from exc
-        result["confirmed"] = self._confirm(location, spec, result)
-        result["task_seconds"] = round(time.monotonic() - started, 3)  # with Spark start-up or submission
-        self.log.info("committed version %s after %s attempt(s), conflicts: %s", result.get("version"),
-                      result.get("attempts"), [c["kind"] for c in result.get("conflicts", [])])
-        return result
+        result = self.confirm(prepared, result)
+        result = replace(result, task_seconds=round(time.monotonic() - started, 3))  # with Spark start-up
+        self.log.info("committed version %s after %s attempt(s), conflicts: %s", result.version, result.attempts,
+                      [c.kind.value for c in result.conflicts])
+        return result.to_dict()
 
-    def _confirm(self, location: str, spec: JobSpec, result: Mapping[str, Any]) -> bool:
-        """Check the Delta log itself for this run's commit: Spark's word alone is not proof."""
-        version = result.get("version")
-        if version is None:
+    def prepare(self, context: Any) -> PreparedJob:
+        """Read the table's snapshot (no Spark), build the job and plan its footprint.
+
+        Raises:
+            TableNotFoundError: before Spark starts; JobSpecError: the job cannot be built.
+        """
+        from airflow_delta_occ.engine import DeltaLog
+        from airflow_delta_occ.jobs.footprint import footprint_of
+
+        location = self._location()
+        snapshot = DeltaLog.for_table(location).snapshot()
+        spec = self.build_spec(snapshot, self._run_identity(context))
+        return PreparedJob(location, snapshot, spec, footprint_of(spec, snapshot))
+
+    def confirm(self, prepared: PreparedJob, result: JobResult) -> JobResult:
+        """Check the Delta log itself for this run's commit: Spark's word alone is not proof.
+
+        Reads only the commits after the snapshot the job was prepared at.
+
+        Raises:
+            CommitNotConfirmedError: Spark reported a commit the log does not show for this run.
+        """
+        from airflow_delta_occ.engine import DeltaLog
+
+        spec = prepared.spec
+        if result.version is None:
             if spec.operation in ("append", "overwrite_partitions"):
-                raise CommitNotConfirmedError(f"no commit of run {spec.run.app_id} in {location}")
+                raise CommitNotConfirmedError(f"no commit of run {spec.run.app_id} in {prepared.location}")
             # DML or OPTIMIZE that matched nothing: Delta commits nothing, which is a success.
-            self.log.info("nothing matched: no new version of %s", location)
-            return False
-        log = DeltaLog.for_table(location)
-        commit = next((c for c in log.commits_after(int(version) - 1, until=int(version))), None)
+            self.log.info("nothing matched: no new version of %s", prepared.location)
+            return result
+        log = DeltaLog.for_table(prepared.location)
+        after = min(prepared.snapshot.version, result.version - 1)  # an earlier try may have committed it
+        commit = next((c for c in log.commits_after(after, until=result.version) if c.version == result.version),
+                      None)
         tag = commit.commit_info.user_metadata if commit and commit.commit_info else None
         if not spec.run.tagged(tag):
-            raise CommitNotConfirmedError(f"version {version} of {location} is not tagged with run {spec.run.app_id}")
-        return True
+            raise CommitNotConfirmedError(f"version {result.version} of {prepared.location} is not tagged with run "
+                                          f"{spec.run.app_id}")
+        return replace(result, confirmed=True)
 
     def _target(self) -> TableRef:
         return TableRef(path=self.table) if self.table is not None else TableRef(name=self.table_name)
 
-    def _common(self, snapshot: Snapshot, run: RunIdentity) -> dict[str, Any]:
-        policies = layer_overrides(configured_policies(), self._policy_overrides)
+    def _common(self, snapshot: Snapshot, run: RunIdentity, pfilter: PartitionFilter) -> dict[str, Any]:
+        policies = layer_overrides(config.conflict_policies(), self._policy_overrides)
         return {"target": self._target(), "run": run, "idempotent": self.idempotent, "retry_policies": policies,
-                "source_outside": self.source_outside_partitions}
-
-
-def configured_policies() -> dict[str, dict[str, Any]]:
-    """The platform's defaults: ``[delta_occ] conflict_policies``, JSON in the operator's format.
-
-    Raises:
-        ProviderConfigError: the option is not JSON, or names an unknown conflict, action or field.
-    """
-    from airflow.sdk import conf
-
-    text = conf.get("delta_occ", "conflict_policies", fallback="") or ""
-    if not text.strip():
-        return {}
-    try:
-        value = json.loads(text)
-        if not isinstance(value, dict):
-            raise ValueError("expected a JSON object keyed by exception name")
-        return layer_overrides(value)
-    except ValueError as exc:  # json.JSONDecodeError is a ValueError
-        raise ProviderConfigError(f"[delta_occ] conflict_policies: {exc}") from exc
+                "source_outside": self.source_outside_partitions, "partition_filter": pfilter.to_expr(),
+                "partitions": pfilter.serialized()}
 
 
 SOURCE_OUTSIDE_ACTIONS = ("fail", "drop")
@@ -258,7 +294,7 @@ class DeltaMergeOperator(DeltaBaseOperator):
         on = parse_expression(self.merge_condition, "merge_condition")
         pfilter = self._partition_filter(snapshot)
         confined = pfilter.to_sql(self.target_alias) or None
-        condition = conjoin(to_sql(on), confined)
+        condition = conjoin_exprs(on, pfilter.to_expr(self.target_alias))
         self._check_constrained(snapshot, condition, self.target_alias)
         clauses = []
         writes: list[dict[str, str]] = []
@@ -302,9 +338,9 @@ class DeltaMergeOperator(DeltaBaseOperator):
                 "strict_partitions needs partitions= on a MERGE: only then are its NOT MATCHED BY SOURCE clauses and "
                 "its source rows confined too, not just its ON condition")
         checks = list(dict.fromkeys(pfilter.over(typed_operands(w, pfilter), w) for w in writes)) if pfilter else []
-        return JobSpec(operation="merge", **self._common(snapshot, run),
+        return JobSpec(operation="merge", **self._common(snapshot, run, pfilter),
                        source=_source(self.source, self.source_table, self.source_query, self.source_format),
-                       condition=condition, partition_filter=pfilter.to_sql() or None, clauses=tuple(clauses),
+                       condition=condition, clauses=tuple(clauses),
                        target_alias=self.target_alias, source_alias=self.source_alias,
                        source_check=conjoin(*checks), source_values=writes[0] if checks else {})
 
@@ -328,7 +364,7 @@ class DeltaUpdateOperator(DeltaBaseOperator):
     def build_spec(self, snapshot: Snapshot, run: RunIdentity) -> JobSpec:
         where = parse_expression(self.where, "where") if self.where else None
         pfilter = self._partition_filter(snapshot)
-        condition = conjoin(to_sql(where) if where else None, pfilter.to_sql() or None)
+        condition = conjoin_exprs(where, pfilter.to_expr())
         self._check_constrained(snapshot, condition, None)
         values: dict[str, str] = {}
         for key, value in self.set.items():
@@ -338,8 +374,7 @@ class DeltaUpdateOperator(DeltaBaseOperator):
             if pfilter:
                 refuse_moving_rows(snapshot, name, "the UPDATE")
             values[name] = render_expression(str(value), f"set[{key}]")
-        return JobSpec(operation="update", **self._common(snapshot, run), condition=condition,
-                       partition_filter=pfilter.to_sql() or None, set=values)
+        return JobSpec(operation="update", **self._common(snapshot, run, pfilter), condition=condition, set=values)
 
 
 class DeltaDeleteOperator(DeltaBaseOperator):
@@ -359,12 +394,11 @@ class DeltaDeleteOperator(DeltaBaseOperator):
     def build_spec(self, snapshot: Snapshot, run: RunIdentity) -> JobSpec:
         where = parse_expression(self.where, "where") if self.where else None
         pfilter = self._partition_filter(snapshot)
-        condition = conjoin(to_sql(where) if where else None, pfilter.to_sql() or None)
+        condition = conjoin_exprs(where, pfilter.to_expr())
         if condition is None:
             raise JobSpecError("DeltaDeleteOperator needs where= or partitions= (deleting everything is refused)")
         self._check_constrained(snapshot, condition, None)
-        return JobSpec(operation="delete", **self._common(snapshot, run), condition=condition,
-                       partition_filter=pfilter.to_sql() or None)
+        return JobSpec(operation="delete", **self._common(snapshot, run, pfilter), condition=condition)
 
 
 class DeltaOptimizeOperator(DeltaBaseOperator):
@@ -392,9 +426,9 @@ class DeltaOptimizeOperator(DeltaBaseOperator):
             if name in columns:
                 raise JobSpecError(f"zorder_by names {name!r} twice")
             columns.append(name)
-        sql = pfilter.to_sql() or None
-        self._check_constrained(snapshot, sql, None)
-        return JobSpec(operation="optimize", **self._common(snapshot, run), condition=sql, partition_filter=sql,
+        condition = pfilter.to_expr()
+        self._check_constrained(snapshot, condition, None)
+        return JobSpec(operation="optimize", **self._common(snapshot, run, pfilter), condition=condition,
                        zorder_by=tuple(columns))
 
 
@@ -426,7 +460,7 @@ class DeltaAppendOperator(DeltaBaseOperator):
             raise MissingPartitionConstraintError(
                 f"strict_partitions needs partitions= on an append to {self.table or self.table_name}: only then are "
                 "its rows checked to land in the partitions it names")
-        return JobSpec(operation="append", **self._common(snapshot, run), partition_filter=pfilter.to_sql() or None,
+        return JobSpec(operation="append", **self._common(snapshot, run, pfilter),
                        source=_source(self.source, self.source_table, self.source_query, self.source_format),
                        **self._source_check(pfilter))
 
@@ -445,7 +479,6 @@ class DeltaOverwritePartitionsOperator(DeltaAppendOperator):
         pfilter = self._partition_filter(snapshot)
         if not pfilter:
             raise JobSpecError("DeltaOverwritePartitionsOperator needs partitions= (it must not replace everything)")
-        sql = pfilter.to_sql()
-        return JobSpec(operation="overwrite_partitions", **self._common(snapshot, run), condition=sql,
-                       partition_filter=sql, **self._source_check(pfilter),
+        return JobSpec(operation="overwrite_partitions", **self._common(snapshot, run, pfilter),
+                       condition=pfilter.to_expr(), **self._source_check(pfilter),
                        source=_source(self.source, self.source_table, self.source_query, self.source_format))

@@ -18,49 +18,39 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
 import time
+import traceback
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 from airflow_delta_occ.engine.sql_parser import render_identifier
 from airflow_delta_occ.exceptions import (
+    ConflictFailure,
     ConflictSkipped,
     JobSpecError,
     SourceNotFoundError,
     SourceOutsidePartitionsError,
+    StatementRefusedError,
 )
-from airflow_delta_occ.jobspec import JobSpec
-from airflow_delta_occ.retry import (
-    DEFAULT_POLICIES,
-    OPTIMIZE_POLICIES,
-    ConflictFailure,
-    RetryOutcome,
-    resolve_policies,
-    run_with_policies,
-)
+from airflow_delta_occ.jobs.result import REFUSED_TYPES, ConflictSeen, JobResult, JobStatus
+from airflow_delta_occ.jobs.spec import JobSpec
+from airflow_delta_occ.jobs.sql import statement_sql, target_sql
+from airflow_delta_occ.retry.policy import RetryOutcome, policies_for, run_with_policies
 from airflow_delta_occ.spark.session import INHERITED_CONNECT_ENV
 
 RESULT_PREFIX = "DELTA_OCC_RESULT "
-EXIT_CODES = {"success": 0, "error": 1, "conflict": 75, "skipped": 76, "bad_spec": 64, "rejected": 65}
-# Refusals of the job's input: the caller rebuilds the same class by name (never retried).
-REJECTIONS = (JobSpecError, SourceNotFoundError)
+EXIT_CODES = {JobStatus.SUCCESS: 0, JobStatus.ERROR: 1, JobStatus.CONFLICT: 75, JobStatus.SKIPPED: 76,
+              JobStatus.REJECTED: 65}
+BAD_SPEC_EXIT_CODE = 64
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 SESSION_TIME_ZONE_CONF = "spark.sql.session.timeZone"
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 # Each task run writes at most once per app id; version 0 is enough because the id is per run.
 TXN_VERSION = 0
-
-
-def target_sql(spec: JobSpec) -> str:
-    """The target as Spark SQL: ``delta.`path``` or a backtick-quoted (multi-part) table name."""
-    if spec.target.path is not None:
-        return f"delta.{render_identifier(spec.target.path)}"
-    return ".".join(render_identifier(part) for part in str(spec.target.name).split("."))
 
 
 def _check_target(session: Any, spec: JobSpec) -> int:
@@ -114,7 +104,7 @@ def confine_source(session: Any, spec: JobSpec, source: Any, source_view: str) -
         if operand == f"{alias}.{render_identifier(name)}" and name.lower() not in columns:
             raise SourceOutsidePartitionsError(
                 f"the source has no column {name!r}, so its rows cannot be checked against the partitions "
-                f"{spec.partition_filter}; nothing was written")
+                f"{spec.partition_filter_sql}; nothing was written")
     inside = f"coalesce(({spec.source_check}), false)"
     outside = session.sql(f"SELECT count(*) AS n FROM {render_identifier(source_view)} AS {alias} "
                           f"WHERE NOT {inside}").collect()[0]["n"]
@@ -129,7 +119,7 @@ def confine_source(session: Any, spec: JobSpec, source: Any, source_view: str) -
         f"SELECT DISTINCT {shown} FROM {render_identifier(source_view)} AS {alias} WHERE NOT {inside} "
         f"LIMIT {SAMPLE_ROWS}").collect()) if shown else ()
     raise SourceOutsidePartitionsError(
-        f"{outside} source row(s) would be written outside the partitions {spec.partition_filter} of "
+        f"{outside} source row(s) would be written outside the partitions {spec.partition_filter_sql} of "
         f"{spec.target.label}, for example {', '.join(map(_plain_values, samples)) or 'see the source'}; nothing "
         "was written. Fix the source, or pass source_outside_partitions='drop' to leave such rows out.",
         count=int(outside), samples=samples)
@@ -137,60 +127,6 @@ def confine_source(session: Any, spec: JobSpec, source: Any, source_view: str) -
 
 def _plain_values(values: dict[str, Any]) -> str:
     return "{" + ", ".join(f"{k}={v!s}" for k, v in values.items()) + "}"
-
-
-def _assignments(values: dict[str, str]) -> str:
-    return ", ".join(f"{render_identifier(k)} = {v}" for k, v in values.items())
-
-
-def merge_sql(spec: JobSpec, source_view: str) -> str:
-    """``MERGE INTO`` for the spec; expressions were checked by the operator, names are quoted here."""
-    parts = [f"MERGE INTO {target_sql(spec)} AS {render_identifier(spec.target_alias)} "
-             f"USING {render_identifier(source_view)} AS {render_identifier(spec.source_alias)} ON {spec.condition}"]
-    for clause in spec.clauses:
-        scope = _clause_scope(clause.kind)
-        when = {"matched": "WHEN MATCHED", "not_matched": "WHEN NOT MATCHED",
-                "not_matched_by_source": "WHEN NOT MATCHED BY SOURCE"}[scope]
-        if clause.condition:
-            when += f" AND ({clause.condition})"
-        action = clause.kind[len(scope) + 1:]
-        if action == "update":
-            parts.append(f"{when} THEN UPDATE SET {_assignments(dict(clause.set))}")
-        elif action == "update_all":
-            parts.append(f"{when} THEN UPDATE SET *")
-        elif action == "delete":
-            parts.append(f"{when} THEN DELETE")
-        elif action == "insert":
-            columns = ", ".join(render_identifier(k) for k in clause.set)
-            parts.append(f"{when} THEN INSERT ({columns}) VALUES ({', '.join(clause.set.values())})")
-        else:
-            parts.append(f"{when} THEN INSERT *")
-    return "\n".join(parts)
-
-
-def _clause_scope(kind: str) -> str:
-    for scope in ("not_matched_by_source", "not_matched", "matched"):
-        if kind.startswith(scope + "_"):
-            return scope
-    raise JobSpecError(f"unknown merge clause {kind!r}")
-
-
-def statement_sql(spec: JobSpec, source_view: str | None) -> str | None:
-    """The SQL statement a DML or OPTIMIZE job runs (``None`` for DataFrame writes)."""
-    op, target = spec.operation, target_sql(spec)
-    if op == "merge":
-        return merge_sql(spec, str(source_view))
-    if op == "update":
-        where = f" WHERE {spec.condition}" if spec.condition else ""
-        return f"UPDATE {target} SET {_assignments(dict(spec.set))}{where}"
-    if op == "delete":
-        return f"DELETE FROM {target}" + (f" WHERE {spec.condition}" if spec.condition else "")
-    if op == "optimize":
-        sql = f"OPTIMIZE {target}" + (f" WHERE {spec.partition_filter}" if spec.partition_filter else "")
-        if spec.zorder_by:
-            sql += " ZORDER BY (" + ", ".join(render_identifier(c) for c in spec.zorder_by) + ")"
-        return sql
-    return None
 
 
 def _execute_once(session: Any, spec: JobSpec, source: Any, source_view: str | None) -> None:
@@ -204,7 +140,7 @@ def _execute_once(session: Any, spec: JobSpec, source: Any, source_view: str | N
     if spec.operation == "append":
         writer = writer.mode("append")
     else:
-        writer = writer.mode("overwrite").option("replaceWhere", spec.partition_filter)
+        writer = writer.mode("overwrite").option("replaceWhere", spec.partition_filter_sql)
     if spec.target.path is not None:
         writer.save(spec.target.path)
     else:
@@ -221,14 +157,64 @@ def find_commit(session: Any, spec: JobSpec, after_version: int) -> dict[str, An
     return None
 
 
-def run_job(spark: Any, spec: JobSpec, *, sleep: Any = time.sleep) -> dict[str, Any]:
-    """Execute ``spec`` with conflict retries; return the result the operator pushes to XCom.
+def run_job(spark: Any, spec: JobSpec, *, sleep: Any = time.sleep) -> JobResult:
+    """Execute ``spec`` with conflict retries and return what happened, in every mode the same way.
 
-    Raises:
-        ConflictFailure: a conflict that the policy fails on, or whose retries ran out.
-        ConflictSkipped: a conflict that the policy skips.
-        TableNotFoundError, SourceNotFoundError: before any write.
+    Never raises for the job's own outcome: a refusal, a conflict, a skip or an error is the
+    result's status and message (``JobResult.raise_for_status`` turns it into the exception).
     """
+    started = time.monotonic()
+    outcome = RetryOutcome()
+    progress: dict[str, Any] = {"dropped_source_rows": 0}
+    try:
+        commit = _run(spark, spec, outcome, progress, sleep)
+        fields: dict[str, Any] = {"status": JobStatus.SUCCESS, "version": commit["version"] if commit else None,
+                                  "metrics": commit["metrics"] if commit else {},
+                                  "already_committed": bool(commit and not commit["new"])}
+    except Exception as exc:  # every outcome of the job becomes a status (decoded by raise_for_status)
+        fields = _failure(exc)
+    conflicts = tuple(ConflictSeen(c.attempt, c.kind, c.message, c.action, c.delay) for c in outcome.conflicts)
+    return JobResult(table=spec.target.label, operation=spec.operation, condition=spec.condition_sql,
+                     partition_filter=spec.partition_filter_sql, attempts=outcome.attempts, conflicts=conflicts,
+                     run_seconds=round(time.monotonic() - started, 3),
+                     wait_seconds=round(sum(c.delay for c in conflicts if c.action == "retry"), 3),
+                     dropped_source_rows=progress["dropped_source_rows"], **fields)
+
+
+def _failure(exc: Exception) -> dict[str, Any]:
+    """The status, message and fields a failure is reported with (decoded by ``raise_for_status``)."""
+    if isinstance(exc, ConflictSkipped):
+        return {"status": JobStatus.SKIPPED, "error": str(exc), "conflict": exc.kind}
+    if isinstance(exc, ConflictFailure):
+        return {"status": JobStatus.CONFLICT, "error": str(exc), "conflict": exc.kind}
+    if _is_analysis_error(exc):  # Spark refused the statement: an unknown column, a type mismatch
+        exc = StatementRefusedError(f"Spark refused the job's statement: {_first_line(exc)}")
+    if isinstance(exc, REFUSED_TYPES):
+        refused = {"count": exc.count, "samples": list(exc.samples)} \
+            if isinstance(exc, SourceOutsidePartitionsError) else {}
+        return {"status": JobStatus.REJECTED, "error": str(exc), "error_type": type(exc).__name__,
+                "refused": refused}
+    traceback.print_exception(exc)  # the driver log (and the task log, embedded) keeps the whole story
+    return {"status": JobStatus.ERROR, "error": f"{type(exc).__name__}: {_first_line(exc)}",
+            "error_type": type(exc).__name__}
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:2000] if text else type(exc).__name__
+
+
+def _is_analysis_error(exc: BaseException) -> bool:
+    """An ``AnalysisException`` from a classic or a Connect session (both share pyspark's base class)."""
+    try:
+        from pyspark.errors import AnalysisException
+    except ImportError:  # pragma: no cover - the runner always has pyspark
+        return False
+    return isinstance(exc, AnalysisException)
+
+
+def _run(spark: Any, spec: JobSpec, outcome: RetryOutcome, progress: dict[str, Any], sleep: Any,
+         ) -> dict[str, Any] | None:
     session = _private_session(spark)
     # The operator rendered timestamp literals and typed partition values in UTC: the job reads them
     # in UTC in every mode (a Connect server or a cluster may default to another zone).
@@ -237,35 +223,20 @@ def run_job(spark: Any, spec: JobSpec, *, sleep: Any = time.sleep) -> dict[str, 
     if spec.idempotent and spec.operation in ("merge", "update", "delete"):
         session.conf.set(TXN_APP_ID_CONF, spec.run.app_id)
         session.conf.set(TXN_VERSION_CONF, str(TXN_VERSION))
-    started = time.monotonic()
     before = _check_target(session, spec)
     source = read_source(session, spec)
     source_view = None
-    dropped = 0
     if source is not None:
         source_view = f"delta_occ_source_{uuid.uuid4().hex}"
         source.createOrReplaceTempView(source_view)
-        source, dropped = confine_source(session, spec, source, source_view)
-    base = OPTIMIZE_POLICIES if spec.operation == "optimize" else DEFAULT_POLICIES
-    policies = resolve_policies(base, spec.retry_policies)
-    outcome = RetryOutcome()
-    result: dict[str, Any] = {"table": spec.target.label, "operation": spec.operation,
-                              "condition": spec.condition, "partition_filter": spec.partition_filter,
-                              "dropped_source_rows": dropped}
+        source, progress["dropped_source_rows"] = confine_source(session, spec, source, source_view)
     try:
-        run_with_policies(lambda attempt: _execute_once(session, spec, source, source_view), policies,
-                          outcome=outcome, sleep=sleep)
+        run_with_policies(lambda attempt: _execute_once(session, spec, source, source_view),
+                          policies_for(spec.operation, spec.retry_policies), outcome=outcome, sleep=sleep)
     finally:
-        result.update(attempts=outcome.attempts, conflicts=[vars(c) for c in outcome.conflicts],
-                      run_seconds=round(time.monotonic() - started, 3),
-                      wait_seconds=round(sum(c.delay for c in outcome.conflicts if c.action == "retry"), 3))
-    commit = find_commit(session, spec, int(before))
-    result["version"] = commit["version"] if commit else None
-    result["metrics"] = commit["metrics"] if commit else {}
-    result["already_committed"] = bool(commit and not commit["new"])
-    if source_view is not None:
-        session.catalog.dropTempView(source_view)
-    return result
+        if source_view is not None:
+            session.catalog.dropTempView(source_view)
+    return find_commit(session, spec, int(before))
 
 
 def _private_session(spark: Any) -> Any:
@@ -325,9 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         text = args.spec_json if args.spec_json else open(args.spec_file, encoding="utf-8").read()
         spec = JobSpec.from_json(text)
-    except (OSError, JobSpecError, ValueError) as exc:
-        print(RESULT_PREFIX + json.dumps({"status": "bad_spec", "error": str(exc)}), flush=True)
-        return EXIT_CODES["bad_spec"]
+    except (OSError, JobSpecError) as exc:
+        print(f"airflow-delta-occ runner: cannot read the job spec: {exc}", file=sys.stderr, flush=True)
+        return BAD_SPEC_EXIT_CODE
     if args.local:
         from airflow_delta_occ.spark.session import local_delta_session
 
@@ -337,19 +308,9 @@ def main(argv: list[str] | None = None) -> int:
 
         _forget_inherited_connect_client()
         spark = SparkSession.builder.getOrCreate()
-    status, payload = "success", {}
-    try:
-        payload = run_job(spark, spec)
-    except ConflictSkipped as exc:
-        status, payload = "skipped", {"error": str(exc)}
-    except ConflictFailure as exc:
-        status, payload = "conflict", {"error": str(exc), "conflict": exc.kind.value, "attempts": exc.attempts}
-    except REJECTIONS as exc:
-        status, payload = "rejected", {"error": str(exc), "error_type": type(exc).__name__}
-    except Exception as exc:
-        status, payload = "error", {"error": f"{type(exc).__name__}: {exc}"}
-    print(RESULT_PREFIX + json.dumps({"status": status, **payload}, default=str), flush=True)
-    return EXIT_CODES[status]
+    result = run_job(spark, spec)
+    print(RESULT_PREFIX + result.to_json(), flush=True)
+    return EXIT_CODES[result.status]
 
 
 if __name__ == "__main__":

@@ -13,9 +13,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from airflow_delta_occ.engine import DeltaLog
-from airflow_delta_occ.jobspec import JobSpec, RunIdentity
+from airflow_delta_occ.exceptions import ConflictFailure
+from airflow_delta_occ.jobs.spec import JobSpec, RunIdentity
 from airflow_delta_occ.operators.delta import DeltaMergeOperator
-from airflow_delta_occ.retry import ConflictFailure, ConflictKind
+from airflow_delta_occ.retry.classify import ConflictKind
 from airflow_delta_occ.spark.runner import run_job
 
 from .differential.harness import USER_METADATA_CONF, Interleaved, run_interleaved

@@ -27,7 +27,7 @@ from airflow_delta_occ.demo import free_port
 from airflow_delta_occ.engine import DeltaLog
 from airflow_delta_occ.exceptions import SourceOutsidePartitionsError
 from airflow_delta_occ.hooks.delta import DeltaSparkHook
-from airflow_delta_occ.jobspec import JobSpec
+from airflow_delta_occ.jobs.spec import JobSpec
 from airflow_delta_occ.spark.session import CONNECT_MODE_FLAG, delta_submit_conf
 
 from .differential.harness import gate_session_conf

@@ -18,13 +18,15 @@ from hypothesis import strategies as st
 from airflow_delta_occ.engine import DeltaLog, DeltaOccError
 from airflow_delta_occ.engine.planner import Operation, plan_footprint, verdict
 from airflow_delta_occ.exceptions import (
+    ConflictFailure,
     JobSpecError,
     MissingPartitionConstraintError,
     PartitionSpecError,
     SourceOutsidePartitionsError,
     UnsafeExpressionError,
 )
-from airflow_delta_occ.jobspec import JobSpec, RunIdentity
+from airflow_delta_occ.jobs.partitions import NULL_PARTITION
+from airflow_delta_occ.jobs.spec import JobSpec, RunIdentity
 from airflow_delta_occ.operators.delta import (
     DeltaAppendOperator,
     DeltaDeleteOperator,
@@ -33,8 +35,7 @@ from airflow_delta_occ.operators.delta import (
     DeltaOverwritePartitionsOperator,
     DeltaUpdateOperator,
 )
-from airflow_delta_occ.partitions import NULL_PARTITION
-from airflow_delta_occ.retry import ConflictFailure, ConflictKind
+from airflow_delta_occ.retry.classify import ConflictKind
 from airflow_delta_occ.spark.runner import read_source, run_job, statement_sql
 
 from .differential.harness import USER_METADATA_CONF, run_interleaved

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_delta_occ.retry import classify_conflict
+from airflow_delta_occ.retry.classify import classify_conflict
 from airflow_delta_occ.spark.session import ivy_dir
 
 HERE = os.path.dirname(os.path.abspath(__file__))

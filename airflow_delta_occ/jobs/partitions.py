@@ -20,12 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_delta_occ.engine.errors import InvalidLiteralError, PredicateError
-from airflow_delta_occ.engine.expressions import Expr
+from airflow_delta_occ.engine.expressions import Expr, and_
 from airflow_delta_occ.engine.schema import DataType, StructType
 from airflow_delta_occ.engine.sql_parser import parse_predicate, render_identifier, render_literal, to_sql
-from airflow_delta_occ.engine.values import coerce_literal
-
-from .exceptions import PartitionSpecError, UnsafeExpressionError
+from airflow_delta_occ.engine.values import coerce_literal, format_partition_value
+from airflow_delta_occ.exceptions import PartitionSpecError, UnsafeExpressionError
 
 
 class _NullPartition:
@@ -79,6 +78,17 @@ class PartitionFilter:
         """``t.`date` = DATE'2024-01-01' AND t.`country` IN ('DE', 'FR')`` (empty when unconstrained)."""
         prefix = f"{render_identifier(alias)}." if alias else ""
         return self.over({name: prefix + render_identifier(name) for name, _ in self.values})
+
+    def to_expr(self, alias: str | None = None) -> Expr | None:
+        """The filter as a parse tree (``None`` when unconstrained); it renders back to ``to_sql``."""
+        text = self.to_sql(alias)
+        return parse_predicate(text) if text else None
+
+    def serialized(self) -> dict[str, tuple[str | None, ...]]:
+        """The values as Delta serializes partition values (``None``: NULL), for ``JobSpec.partitions``."""
+        types = dict(self.types)
+        return {name: tuple(None if v is None else format_partition_value(v, types[name], name) for v in options)
+                for name, options in self.values}
 
     def over(self, operands: Mapping[str, str], null_operands: Mapping[str, str] | None = None) -> str:
         """The filter with each column replaced by an SQL operand (a source column, an insert value).
@@ -150,7 +160,7 @@ def _check_value(key: str, value: Any, rendered: bool) -> None:
     if value is None:
         raise PartitionSpecError(
             f"partitions[{key!r}] is None: a template whose value is missing renders to None, which would target "
-            "the NULL partition. Pass airflow_delta_occ.partitions.NULL_PARTITION to mean the NULL partition.")
+            "the NULL partition. Pass airflow_delta_occ.jobs.partitions.NULL_PARTITION to mean the NULL partition.")
     if isinstance(value, Mapping | list | tuple | set | frozenset):
         raise PartitionSpecError(f"partitions[{key!r}] holds a {type(value).__name__}; give a value or a flat list")
     if isinstance(value, bytes | bytearray) and not value:
@@ -163,7 +173,7 @@ def _check_value(key: str, value: Any, rendered: bool) -> None:
             raise PartitionSpecError(
                 f"partitions[{key!r}] rendered to {value!r}, which is what a missing template value gives "
                 "(Delta stores an empty partition value as NULL); refusing to guess the partition. Pass "
-                "airflow_delta_occ.partitions.NULL_PARTITION to mean the NULL partition.")
+                "airflow_delta_occ.jobs.partitions.NULL_PARTITION to mean the NULL partition.")
 
 
 def _short(value: Any) -> str:
@@ -227,6 +237,12 @@ def parse_expression(text: Any, what: str) -> Expr:
 def render_expression(text: Any, what: str) -> str:
     """``parse_expression`` then back to canonical SQL text (identifiers quoted, literals escaped)."""
     return to_sql(parse_expression(text, what))
+
+
+def conjoin_exprs(*conditions: Expr | None) -> Expr | None:
+    """AND the given parse trees (``None`` when there are none): each stays a top-level conjunct."""
+    present = [c for c in conditions if c is not None]
+    return and_(*present) if present else None
 
 
 def conjoin(*conditions: str | None) -> str | None:

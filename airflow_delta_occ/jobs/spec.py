@@ -1,9 +1,12 @@
-"""``JobSpec``: everything a Delta job needs, as plain JSON, from the Airflow worker to the Spark runner.
+"""``JobSpec``: everything a Delta job needs, typed, with a JSON form, from the Airflow worker to the runner.
 
-The operator validates and renders everything it can before Spark starts (partition literals typed
-by the table's schema, conditions checked by the engine's SQL parser); the runner only executes.
-Keeping the spec plain data means the same runner serves an embedded session, ``spark-submit`` to a
-cluster and Spark Connect, and a spec can be logged, stored and replayed.
+The operator validates and renders everything it can before Spark starts (partition values typed
+by the table's schema, conditions parsed completely by the engine's SQL parser); the runner only
+executes. The spec carries structure, not only SQL text: the job's condition and its partition
+predicate are parse trees (the runner renders the statement from them), and ``partitions`` holds
+the typed partition values, so a planner footprint is a pure function of (spec, snapshot) and a
+lease or a trigger can carry the spec as JSON. The same runner serves an embedded session,
+``spark-submit`` to a cluster and Spark Connect, and a spec can be logged, stored and replayed.
 """
 
 from __future__ import annotations
@@ -13,7 +16,11 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .exceptions import JobSpecError
+from airflow_delta_occ.engine.errors import PredicateError
+from airflow_delta_occ.engine.expr_json import expr_from_json, expr_to_json
+from airflow_delta_occ.engine.expressions import Expr
+from airflow_delta_occ.engine.sql_parser import parse_predicate, to_sql
+from airflow_delta_occ.exceptions import JobSpecError
 
 OPERATIONS = ("merge", "update", "delete", "optimize", "append", "overwrite_partitions")
 
@@ -74,46 +81,62 @@ class MergeClause:
 
 @dataclass(frozen=True)
 class RunIdentity:
-    """The Airflow run a commit belongs to; written into commitInfo.userMetadata and used as txnAppId."""
+    """The Airflow task run a commit belongs to; written into commitInfo.userMetadata and used as txnAppId.
+
+    ``first_try`` is the first try number since the task instance was last cleared (Airflow keeps
+    ``max_tries - retries + 1``; it is 1 until the first clear). Retries of one series share the
+    application id, so a retry after a commit the task never saw confirmed writes nothing; a
+    deliberate clear starts a new series, whose id is new, so it redoes the work.
+    """
 
     dag_id: str
     task_id: str
     run_id: str
     map_index: int = -1
     try_number: int = 1
+    first_try: int = 1
 
     @property
     def app_id(self) -> str:
-        # One id per task run: a retry of the same run (an ambiguous failure) is recognised as already
-        # committed, while other runs (backfills in any order) are independent.
-        return f"airflow:{self.dag_id}/{self.task_id}/{self.run_id}/{self.map_index}"
+        # One id per series of tries of a task run: retries are recognised as already committed,
+        # while a clear and other runs (backfills in any order) are independent.
+        series = f"/{self.first_try}" if self.first_try != 1 else ""
+        return f"airflow:{self.dag_id}/{self.task_id}/{self.run_id}/{self.map_index}{series}"
 
     def tagged(self, user_metadata: str | None) -> bool:
-        """Whether a commit's userMetadata names this task run (any try)."""
+        """Whether a commit's userMetadata names this series of tries of the task run (any try in it)."""
         try:
             tag = json.loads(user_metadata or "")["airflow"]
         except (ValueError, KeyError, TypeError):
             return False
         return isinstance(tag, dict) and (tag.get("dag_id"), tag.get("task_id"), tag.get("run_id"),
-                                          tag.get("map_index")) == (self.dag_id, self.task_id, self.run_id,
-                                                                    self.map_index)
+                                          tag.get("map_index"), tag.get("first_try", 1)) == (
+            self.dag_id, self.task_id, self.run_id, self.map_index, self.first_try)
 
     def user_metadata(self) -> str:
         return json.dumps({"airflow": {"dag_id": self.dag_id, "task_id": self.task_id, "run_id": self.run_id,
-                                       "map_index": self.map_index, "try_number": self.try_number}},
+                                       "map_index": self.map_index, "try_number": self.try_number,
+                                       "first_try": self.first_try}},
                           sort_keys=True, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
 class JobSpec:
-    """A fully rendered Delta job. ``condition`` already holds the injected partition predicate."""
+    """A fully rendered Delta job.
+
+    ``condition`` (MERGE ON / UPDATE, DELETE WHERE / OPTIMIZE WHERE) already holds the injected
+    partition predicate as a top-level conjunct; ``partition_filter`` is that predicate alone (also
+    the overwrite's ``replaceWhere``); ``partitions`` are its values as Delta serializes partition
+    values (``None``: the NULL partition), by partition column.
+    """
 
     operation: str
     target: TableRef
     run: RunIdentity
     source: SourceRef | None = None
-    condition: str | None = None                       # MERGE ON / UPDATE, DELETE WHERE / OPTIMIZE WHERE
-    partition_filter: str | None = None                # the injected part alone (also replaceWhere)
+    condition: Expr | None = None
+    partition_filter: Expr | None = None
+    partitions: Mapping[str, tuple[str | None, ...]] = field(default_factory=dict)
     set: Mapping[str, str] = field(default_factory=dict)
     clauses: tuple[MergeClause, ...] = ()
     zorder_by: tuple[str, ...] = ()
@@ -133,19 +156,37 @@ class JobSpec:
             raise JobSpecError(f"unknown operation {self.operation!r}; expected one of {', '.join(OPERATIONS)}")
         if self.operation in ("merge", "append", "overwrite_partitions") and self.source is None:
             raise JobSpecError(f"{self.operation} needs a source")
-        if self.operation == "merge" and (not self.condition or not self.clauses):
+        if self.operation == "merge" and (self.condition is None or not self.clauses):
             raise JobSpecError("merge needs a condition and at least one clause")
         if self.operation == "update" and not self.set:
             raise JobSpecError("update needs a set mapping")
-        if self.operation == "overwrite_partitions" and not self.partition_filter:
+        if self.operation == "overwrite_partitions" and self.partition_filter is None:
             raise JobSpecError("overwrite_partitions needs partitions (it becomes replaceWhere)")
         if self.source_outside not in ("fail", "drop"):
             raise JobSpecError(f"source_outside must be 'fail' or 'drop', got {self.source_outside!r}")
         if self.source_check is not None and self.source is None:
             raise JobSpecError("source_check needs a source")
+        if bool(self.partitions) != (self.partition_filter is not None):
+            raise JobSpecError("partitions and partition_filter go together")
+        for what, tree in (("condition", self.condition), ("partition_filter", self.partition_filter)):
+            if tree is not None:
+                _check_renders_back(tree, what)
+
+    @property
+    def condition_sql(self) -> str | None:
+        """The condition as Spark SQL, rendered from its tree."""
+        return to_sql(self.condition) if self.condition is not None else None
+
+    @property
+    def partition_filter_sql(self) -> str | None:
+        return to_sql(self.partition_filter) if self.partition_filter is not None else None
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        data = asdict(self)
+        for key in ("condition", "partition_filter"):
+            tree = getattr(self, key)
+            data[key] = expr_to_json(tree) if tree is not None else None
+        return json.dumps(data, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> JobSpec:
@@ -153,15 +194,32 @@ class JobSpec:
             d = json.loads(text)
             if not isinstance(d, dict):
                 raise TypeError("a JobSpec is a JSON object")
+            trees = {key: expr_from_json(d[key]) if d.get(key) is not None else None
+                     for key in ("condition", "partition_filter")}
             return cls(
                 operation=d["operation"], target=TableRef(**d["target"]), run=RunIdentity(**d["run"]),
-                source=SourceRef(**d["source"]) if d.get("source") else None, condition=d.get("condition"),
-                partition_filter=d.get("partition_filter"), set=d.get("set") or {},
-                clauses=tuple(MergeClause(**c) for c in d.get("clauses") or ()),
+                source=SourceRef(**d["source"]) if d.get("source") else None, **trees,
+                partitions={str(k): tuple(v) for k, v in (d.get("partitions") or {}).items()},
+                set=d.get("set") or {}, clauses=tuple(MergeClause(**c) for c in d.get("clauses") or ()),
                 zorder_by=tuple(d.get("zorder_by") or ()), target_alias=d.get("target_alias", "t"),
                 source_alias=d.get("source_alias", "s"), retry_policies=d.get("retry_policies") or {},
                 idempotent=d.get("idempotent", True), source_check=d.get("source_check"),
                 source_values=d.get("source_values") or {}, source_outside=d.get("source_outside", "fail"),
             )
-        except (KeyError, TypeError, AttributeError, ValueError, RecursionError) as exc:
+        except (KeyError, TypeError, AttributeError, ValueError, RecursionError, PredicateError) as exc:
             raise JobSpecError(f"not a valid JobSpec: {exc}") from exc
+
+
+def _check_renders_back(tree: Expr, what: str) -> None:
+    """The SQL the runner renders from a tree must parse back to that tree.
+
+    The operator only builds such trees; a spec decoded from JSON could hold one whose opaque
+    parts (function calls the engine does not model) would change shape when rendered. Refusing it
+    keeps the footprint (planned from the tree) and the statement (rendered from it) the same job.
+    """
+    try:
+        same = parse_predicate(to_sql(tree)) == tree
+    except (PredicateError, RecursionError) as exc:
+        raise JobSpecError(f"{what} does not render to SQL that parses back: {exc}") from exc
+    if not same:
+        raise JobSpecError(f"{what} does not render to SQL that parses back to the same expression")

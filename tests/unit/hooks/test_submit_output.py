@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from airflow_delta_occ.hooks.delta import _submit_hook_class
-from airflow_delta_occ.retry import ConflictKind
+from airflow_delta_occ.jobs.result import JobResult, JobStatus
+from airflow_delta_occ.retry.classify import ConflictKind
 from airflow_delta_occ.spark.runner import RESULT_PREFIX
 
 pytestmark = pytest.mark.unit
@@ -36,8 +37,9 @@ def test_conflict_far_above_the_tail_is_classified(hook: Any) -> None:
 
 
 def test_result_line_is_read_wherever_it_is(hook: Any) -> None:
-    result = {"status": "conflict", "conflict": "ConcurrentDeleteReadException", "attempts": 3}
-    lines = [*NOISE[:5], RESULT_PREFIX + json.dumps(result), *NOISE]
+    result = JobResult(status=JobStatus.CONFLICT, table="/t", operation="merge",
+                       conflict=ConflictKind.DELETE_READ, attempts=3, error="ConcurrentDeleteReadException after 3")
+    lines = [*NOISE[:5], RESULT_PREFIX + result.to_json(), *NOISE]
     hook._process_spark_submit_log(iter(line + "\n" for line in lines))
     assert hook.result == result
     assert hook.conflict is None

@@ -11,11 +11,12 @@ from airflow.sdk.definitions.retry_policy import RetryAction
 
 from airflow_delta_occ.engine import ConcurrentAppendException, TableNotFoundError
 from airflow_delta_occ.engine.schema import parse_schema
+from airflow_delta_occ.engine.sql_parser import parse_predicate
 from airflow_delta_occ.exceptions import JobSpecError, PartitionSpecError, UnsafeExpressionError
-from airflow_delta_occ.jobspec import JobSpec, MergeClause, RunIdentity, SourceRef, TableRef
-from airflow_delta_occ.partitions import NULL_PARTITION, build_partition_filter, conjoin, render_expression
-from airflow_delta_occ.retry import ConflictFailure, ConflictKind
-from airflow_delta_occ.retry_policy import DeltaConflictRetryPolicy
+from airflow_delta_occ.jobs.partitions import NULL_PARTITION, build_partition_filter, conjoin, render_expression
+from airflow_delta_occ.jobs.spec import JobSpec, MergeClause, RunIdentity, SourceRef, TableRef
+from airflow_delta_occ.retry.airflow import DeltaConflictRetryPolicy
+from airflow_delta_occ.retry.classify import ConflictKind, conflict_failure
 
 pytestmark = pytest.mark.unit
 
@@ -67,7 +68,7 @@ def test_render_expression_and_conjoin():
 
 def test_jobspec_round_trips_as_json():
     spec = JobSpec(operation="merge", target=TableRef(path="/t"), run=RunIdentity("d", "t", "r", 2, 3),
-                   source=SourceRef(table="src"), condition="t.id = s.id",
+                   source=SourceRef(table="src"), condition=parse_predicate("t.id = s.id"),
                    clauses=(MergeClause("matched_update", set={"v": "s.v"}), MergeClause("not_matched_insert_all")),
                    retry_policies={"ConcurrentAppendException": {"max_attempts": 2}})
     assert JobSpec.from_json(spec.to_json()) == spec
@@ -97,7 +98,7 @@ def test_airflow_retry_policy():
     policy = DeltaConflictRetryPolicy()
     decision = policy.evaluate(ConcurrentAppendException(version=4, operation="MERGE"), 1, 3)
     assert decision.action is RetryAction.RETRY and decision.retry_delay is not None
-    protocol = ConflictFailure(ConflictKind.PROTOCOL, 1, RuntimeError("protocol changed"))
+    protocol = conflict_failure(ConflictKind.PROTOCOL, 1, RuntimeError("protocol changed"))
     assert policy.evaluate(protocol, 1, 3).action is RetryAction.FAIL
     assert policy.evaluate(TableNotFoundError("/t"), 1, 3).action is RetryAction.FAIL
     assert policy.evaluate(PartitionSpecError("bad"), 1, 3).action is RetryAction.FAIL
@@ -105,14 +106,16 @@ def test_airflow_retry_policy():
 
 
 def test_platform_policies_come_from_config_and_tasks_override_them(monkeypatch):
-    from airflow_delta_occ.operators.delta import DeltaDeleteOperator, configured_policies
+    from airflow_delta_occ.config import conflict_policies as configured_policies
+    from airflow_delta_occ.jobs.partitions import PartitionFilter
+    from airflow_delta_occ.operators.delta import DeltaDeleteOperator
 
     monkeypatch.setenv("AIRFLOW__DELTA_OCC__CONFLICT_POLICIES", json.dumps(
         {"ConcurrentAppendException": {"max_attempts": 9, "initial_delay": 2}, "MetadataChangedException": "fail"}))
     assert configured_policies()["MetadataChangedException"] == {"action": "fail"}
     op = DeltaDeleteOperator(task_id="d", table="/lake/t", where="id = 1",
                              conflict_policies={"ConcurrentAppendException": {"initial_delay": 0.5}})
-    spec_policies = op._common(None, RunIdentity("d", "t", "r"))["retry_policies"]
+    spec_policies = op._common(None, RunIdentity("d", "t", "r"), PartitionFilter(()))["retry_policies"]
     assert spec_policies["ConcurrentAppendException"] == {"max_attempts": 9, "initial_delay": 0.5}
     assert spec_policies["MetadataChangedException"] == {"action": "fail"}
 
@@ -124,8 +127,8 @@ def test_platform_policies_come_from_config_and_tasks_override_them(monkeypatch)
     ('{"ConcurrentAppendException": {"max_attempts": -1}}', "max_attempts must be a whole number"),
 ])
 def test_bad_platform_policies_are_a_typed_error_naming_the_option(monkeypatch, value, problem):
+    from airflow_delta_occ.config import conflict_policies as configured_policies
     from airflow_delta_occ.exceptions import ProviderConfigError
-    from airflow_delta_occ.operators.delta import configured_policies
 
     monkeypatch.setenv("AIRFLOW__DELTA_OCC__CONFLICT_POLICIES", value)
     with pytest.raises(ProviderConfigError, match=r"\[delta_occ\] conflict_policies: .*" + re.escape(problem)):

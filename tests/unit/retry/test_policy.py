@@ -9,16 +9,14 @@ from dataclasses import replace
 import pytest
 
 from airflow_delta_occ.engine import ConcurrentAppendException as EngineAppend
-from airflow_delta_occ.exceptions import ConflictSkipped
-from airflow_delta_occ.retry import (
+from airflow_delta_occ.exceptions import ConflictFailure, ConflictSkipped
+from airflow_delta_occ.retry.classify import ConflictKind, classify_conflict
+from airflow_delta_occ.retry.policy import (
     DEFAULT_POLICIES,
     OPTIMIZE_POLICIES,
     Action,
-    ConflictFailure,
-    ConflictKind,
     ConflictPolicy,
     RetryOutcome,
-    classify_conflict,
     layer_overrides,
     resolve_policies,
     run_with_policies,

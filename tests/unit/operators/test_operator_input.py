@@ -18,7 +18,9 @@ from airflow_delta_occ.exceptions import (
     SourceOutsidePartitionsError,
     UnsafeExpressionError,
 )
-from airflow_delta_occ.hooks.delta import _raise_for_result
+from airflow_delta_occ.jobs.partitions import NULL_PARTITION, partitions_mapping
+from airflow_delta_occ.jobs.queries import check_source_query
+from airflow_delta_occ.jobs.result import JobResult
 from airflow_delta_occ.operators.delta import (
     DeltaAppendOperator,
     DeltaDeleteOperator,
@@ -27,9 +29,7 @@ from airflow_delta_occ.operators.delta import (
     DeltaOverwritePartitionsOperator,
     DeltaUpdateOperator,
 )
-from airflow_delta_occ.partitions import NULL_PARTITION, partitions_mapping
-from airflow_delta_occ.queries import check_source_query
-from airflow_delta_occ.retry_policy import DeltaConflictRetryPolicy
+from airflow_delta_occ.retry.airflow import DeltaConflictRetryPolicy
 
 pytestmark = pytest.mark.unit
 
@@ -178,10 +178,12 @@ def test_queries_are_accepted(query: str) -> None:
 
 def test_refusals_from_spark_submit_come_back_as_the_same_class_and_are_never_retried() -> None:
     with pytest.raises(SourceOutsidePartitionsError, match="2 source row"):
-        _raise_for_result({"status": "rejected", "error_type": "SourceOutsidePartitionsError",
-                           "error": "2 source row(s) would be written outside"})
+        JobResult.from_json({"status": "rejected", "table": "/t", "operation": "merge",
+                             "error_type": "SourceOutsidePartitionsError",
+                             "error": "2 source row(s) would be written outside"}).raise_for_status()
     with pytest.raises(JobSpecError, match="SomethingElse: text"):
-        _raise_for_result({"status": "rejected", "error_type": "SomethingElse", "error": "text"})
+        JobResult.from_json({"status": "rejected", "table": "/t", "operation": "merge", "error_type": "SomethingElse",
+                             "error": "text"}).raise_for_status()
     policy = DeltaConflictRetryPolicy()
     for error in (SourceOutsidePartitionsError("x", count=1), PartitionSpecError("x"), UnsafeExpressionError("x"),
                   PredicateSyntaxError("x", text="x", position=0), LogCorruptError("bad line", path="0.json", line=1)):
@@ -208,7 +210,7 @@ def test_strict_witnesses_stay_inside_the_column_type() -> None:
 
 def test_a_value_that_does_not_convert_is_not_taken_for_the_null_partition() -> None:
     from airflow_delta_occ.engine.schema import PrimitiveType
-    from airflow_delta_occ.partitions import PartitionFilter
+    from airflow_delta_occ.jobs.partitions import PartitionFilter
 
     pfilter = PartitionFilter((("hour", (8, None)),), (("hour", PrimitiveType("integer")),))
     sql = pfilter.over({"hour": "TRY_CAST(`s`.`hour` AS integer)"}, {"hour": "`s`.`hour`"})

@@ -14,11 +14,11 @@ from typing import Any
 from airflow_delta_occ.engine import Snapshot
 from airflow_delta_occ.engine.errors import PredicateSyntaxError
 from airflow_delta_occ.engine.sql_parser import tokenize
+from airflow_delta_occ.exceptions import JobSpecError
 
-from .exceptions import JobSpecError
-from .jobspec import MergeClause
 from .partitions import PartitionFilter, parse_expression
 from .queries import check_source_query
+from .spec import MergeClause
 
 CLAUSE_FIELDS = frozenset({"kind", "condition", "set"})
 

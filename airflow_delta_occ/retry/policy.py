@@ -5,141 +5,32 @@ already done, e.g. a compaction whose files another compaction rewrote), or fail
 on what to change. Anything that is not a recognised conflict is never retried here, so a retry
 cannot hide a real error.
 
-Classification works on every delta-spark 4.x path a conflict can take: ``delta.exceptions`` classes
-(classic and Connect), a raw ``Py4JJavaError`` (4.0-4.3 without ``delta.exceptions.captured``), a
-Spark error class or SQLSTATE, the engine's own exceptions, and plain text (every line of a
-``spark-submit`` driver log).
+``policies_for`` is the one place a job's policies are resolved (the operation's base, the
+platform's ``[delta_occ] conflict_policies``, the task's ``conflict_policies=``): the runner's
+in-job loop and the task-level ``DeltaConflictRetryPolicy`` both decide from its answer.
 """
 
 from __future__ import annotations
 
 import math
 import random
-import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, TypeVar
 
 import tenacity
 
-from .exceptions import ConflictSkipped
+from .classify import ConflictKind, classify_conflict, conflict_failure, conflict_kind_for, conflict_skipped
 
 T = TypeVar("T")
-
-
-class ConflictKind(StrEnum):
-    """Delta's conflict exceptions, by their delta-spark class name."""
-
-    APPEND = "ConcurrentAppendException"
-    DELETE_READ = "ConcurrentDeleteReadException"
-    DELETE_DELETE = "ConcurrentDeleteDeleteException"
-    METADATA = "MetadataChangedException"
-    PROTOCOL = "ProtocolChangedException"
-    TRANSACTION = "ConcurrentTransactionException"
-    WRITE = "ConcurrentWriteException"
-
-
-_ERROR_CLASS = {
-    "DELTA_CONCURRENT_APPEND": ConflictKind.APPEND,
-    "DELTA_CONCURRENT_DELETE_READ": ConflictKind.DELETE_READ,
-    "DELTA_CONCURRENT_DELETE_DELETE": ConflictKind.DELETE_DELETE,
-    "DELTA_METADATA_CHANGED": ConflictKind.METADATA,
-    "DELTA_PROTOCOL_CHANGED": ConflictKind.PROTOCOL,
-    "DELTA_CONCURRENT_TRANSACTION": ConflictKind.TRANSACTION,
-    "DELTA_CONCURRENT_WRITE": ConflictKind.WRITE,
-}
-_BY_NAME = {k.value: k for k in ConflictKind}
-# A class name as it appears in a JVM stack trace or a Python traceback line, or an error class tag.
-_TEXT = re.compile(
-    r"(?:io\.delta\.exceptions\.|org\.apache\.spark\.sql\.delta\.|delta\.exceptions\.(?:captured\.|connect\.)?|\b)"
-    r"(ConcurrentAppendException|ConcurrentDeleteReadException|ConcurrentDeleteDeleteException|"
-    r"MetadataChangedException|ProtocolChangedException|ConcurrentTransactionException|ConcurrentWriteException)\b"
-    r"|\[(DELTA_CONCURRENT_APPEND|DELTA_CONCURRENT_DELETE_READ|DELTA_CONCURRENT_DELETE_DELETE|DELTA_METADATA_CHANGED|"
-    r"DELTA_PROTOCOL_CHANGED|DELTA_CONCURRENT_TRANSACTION|DELTA_CONCURRENT_WRITE)[\].]"
-)
-
-
-def classify_conflict(error: BaseException | str | Iterable[str] | None) -> ConflictKind | None:
-    """The conflict an exception (or log text) reports, or ``None`` when it is not a Delta conflict."""
-    if error is None:
-        return None
-    if isinstance(error, str):
-        return _from_text(error.splitlines())
-    if not isinstance(error, BaseException):
-        return _from_text(error)
-    seen: set[int] = set()
-    exc: BaseException | None = error
-    while exc is not None and id(exc) not in seen:  # the conflict may be the cause of a wrapper
-        seen.add(id(exc))
-        kind = _from_exception(exc)
-        if kind is not None:
-            return kind
-        exc = exc.__cause__ or exc.__context__
-    return None
-
-
-def _from_exception(exc: BaseException) -> ConflictKind | None:
-    for cls in type(exc).__mro__:
-        if cls.__name__ in _BY_NAME:
-            return _BY_NAME[cls.__name__]
-    java = getattr(exc, "java_exception", None)
-    if java is not None:
-        try:
-            name = str(java.getClass().getName()).rsplit(".", 1)[-1]
-        except Exception:  # a dead gateway must not turn a conflict into a crash here
-            name = ""
-        if name in _BY_NAME:
-            return _BY_NAME[name]
-    for getter in ("getCondition", "getErrorClass"):
-        fn = getattr(exc, getter, None)
-        if callable(fn):
-            try:
-                condition = fn()
-            except Exception:
-                condition = None
-            if condition and str(condition).split(".")[0] in _ERROR_CLASS:
-                return _ERROR_CLASS[str(condition).split(".")[0]]
-    return _from_text(str(exc).splitlines()[:50])
-
-
-def _from_text(lines: Iterable[str]) -> ConflictKind | None:
-    for line in lines:
-        m = _TEXT.search(line)
-        if m:
-            return _BY_NAME[m.group(1)] if m.group(1) else _ERROR_CLASS[m.group(2)]
-    return None
 
 
 class Action(StrEnum):
     RETRY = "retry"
     SKIP = "skip"
     FAIL = "fail"
-
-
-ADVICE: Mapping[ConflictKind, str] = {
-    ConflictKind.APPEND: (
-        "a concurrent commit added files where this job reads: constrain the job to its partitions "
-        "(partitions={...}), partition the table by the column concurrent jobs filter on, or put the "
-        "competing tasks in one conflict pool"),
-    ConflictKind.DELETE_READ: (
-        "a concurrent commit rewrote or deleted files this job read: give concurrent jobs disjoint "
-        "partitions or serialize them with a conflict pool"),
-    ConflictKind.DELETE_DELETE: (
-        "another job removed the same files (for example two compactions of one partition): run "
-        "compactions of a partition in one conflict pool"),
-    ConflictKind.METADATA: (
-        "the table's schema or properties changed concurrently: run ALTER TABLE and schema-evolving "
-        "writes outside the write window, or in the same conflict pool"),
-    ConflictKind.PROTOCOL: (
-        "the table's protocol changed (a feature upgrade or a concurrent create): create tables and "
-        "upgrade features before concurrent writers start"),
-    ConflictKind.TRANSACTION: (
-        "another writer used the same application id (txnAppId) at the same time: a duplicate run of "
-        "this task or two streams sharing a checkpoint"),
-    ConflictKind.WRITE: "a concurrent commit landed during an operation that cannot resolve conflicts",
-}
 
 
 MAX_ATTEMPTS = 100
@@ -194,16 +85,16 @@ OPTIMIZE_POLICIES: Mapping[ConflictKind, ConflictPolicy] = {
 }
 
 
-def conflict_kind_for(key: str) -> ConflictKind:
-    """The conflict an override key names: the exception name or Delta's error class.
+def policies_for(operation: str, overrides: Mapping[str, PolicyOverride] | None = None,
+                 ) -> dict[ConflictKind, ConflictPolicy]:
+    """The policies a job runs with: the operation's base, then ``overrides`` (already layered:
+    platform defaults under the task's own, see ``layer_overrides``).
 
     Raises:
-        ValueError: the key names no conflict.
+        ValueError: an unknown exception name, action or field.
     """
-    kind = _BY_NAME.get(key) or _ERROR_CLASS.get(key)
-    if kind is None:
-        raise ValueError(f"unknown conflict {key!r}; expected one of {', '.join(_BY_NAME)}")
-    return kind
+    base = OPTIMIZE_POLICIES if operation == "optimize" else DEFAULT_POLICIES
+    return resolve_policies(base, overrides)
 
 
 PolicyOverride = Mapping[str, Any] | ConflictPolicy | str
@@ -266,12 +157,16 @@ def resolve_policies(base: Mapping[ConflictKind, ConflictPolicy],
     return policies
 
 
-@dataclass
+@dataclass(frozen=True)
 class ConflictRecord:
-    """One conflict seen while running a job (reported in the job's result)."""
+    """One conflict seen while running a job (reported in the job's result).
+
+    ``action`` is what the policy did: ``retry``, ``skip``, ``fail``, or ``gave up`` when the
+    attempts ran out; ``delay`` is the backoff before the next attempt (seconds).
+    """
 
     attempt: int
-    kind: str
+    kind: ConflictKind
     message: str
     action: str
     delay: float = 0.0
@@ -281,16 +176,6 @@ class ConflictRecord:
 class RetryOutcome:
     attempts: int = 0
     conflicts: list[ConflictRecord] = field(default_factory=list)
-
-
-class ConflictFailure(Exception):
-    """A conflict whose policy says fail (or whose retries ran out), with advice for the DAG author."""
-
-    def __init__(self, kind: ConflictKind, attempts: int, cause: BaseException) -> None:
-        self.kind = kind
-        self.attempts = attempts
-        first_line = str(cause).strip().splitlines()[0][:500] if str(cause).strip() else type(cause).__name__
-        super().__init__(f"{kind.value} after {attempts} attempt(s): {first_line}. To avoid it: {ADVICE[kind]}")
 
 
 def run_with_policies(fn: Callable[[int], T], policies: Mapping[ConflictKind, ConflictPolicy], *,
@@ -313,7 +198,7 @@ def run_with_policies(fn: Callable[[int], T], policies: Mapping[ConflictKind, Co
         policy = policies.get(kind, ConflictPolicy(Action.FAIL))
         retry = policy.action is Action.RETRY and state.attempt_number < policy.max_attempts
         delay = policy.delay(state.attempt_number, rng) if retry else 0.0
-        record.conflicts.append(ConflictRecord(state.attempt_number, kind.value, str(exc).strip()[:1000],
+        record.conflicts.append(ConflictRecord(state.attempt_number, kind, str(exc).strip()[:1000],
                                                policy.action.value if retry or policy.action is not Action.RETRY
                                                else "gave up", delay))
         return retry
@@ -335,5 +220,5 @@ def run_with_policies(fn: Callable[[int], T], policies: Mapping[ConflictKind, Co
             raise
         policy = policies.get(kind, ConflictPolicy(Action.FAIL))
         if policy.action is Action.SKIP:
-            raise ConflictSkipped(f"{kind.value}: skipped by policy ({ADVICE[kind]})") from exc
-        raise ConflictFailure(kind, record.attempts, exc) from exc
+            raise conflict_skipped(kind) from exc
+        raise conflict_failure(kind, record.attempts, exc) from exc

@@ -12,8 +12,7 @@ from collections.abc import Sequence
 
 from airflow_delta_occ.engine.errors import PredicateSyntaxError
 from airflow_delta_occ.engine.sql_parser import REFLECTION_FUNCTIONS, Token, tokenize
-
-from .exceptions import UnsafeExpressionError
+from airflow_delta_occ.exceptions import UnsafeExpressionError
 
 QUERY_STARTS = ("select", "values", "from", "table")
 # Statement words that never appear unquoted in a query (quote a column named like them).

@@ -1,0 +1,71 @@
+"""Every option of the ``[delta_occ]`` config section, read and checked in one place.
+
+The options are declared (with descriptions and defaults) in ``get_provider_info``; this module is
+the only code that reads them, so a malformed value fails with one ``ProviderConfigError`` naming
+the option, wherever it is used.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from airflow_delta_occ.exceptions import ProviderConfigError
+
+SECTION = "delta_occ"
+MODES = ("embedded", "spark-submit", "connect")
+DEFAULT_TASK_RETRIES = 2
+MAX_TASK_RETRIES = 100
+
+
+def _get(option: str, fallback: str) -> str:
+    from airflow.sdk import conf  # read lazily: importing the provider must not load Airflow's config
+
+    return str(conf.get(SECTION, option, fallback=fallback) or "")
+
+
+def default_mode() -> str:
+    """``[delta_occ] default_mode``: where jobs run when no ``delta_occ`` connection says otherwise.
+
+    Raises:
+        ProviderConfigError: not one of ``embedded``, ``spark-submit``, ``connect``.
+    """
+    mode = _get("default_mode", "embedded").strip() or "embedded"
+    if mode not in MODES:
+        raise ProviderConfigError(f"[{SECTION}] default_mode is {mode!r}; expected one of {', '.join(MODES)}")
+    return mode
+
+
+def conflict_policies() -> dict[str, dict[str, Any]]:
+    """``[delta_occ] conflict_policies``: the platform's policy defaults, JSON in the operator's format.
+
+    Raises:
+        ProviderConfigError: not JSON, or an unknown conflict, action or field.
+    """
+    from airflow_delta_occ.retry.policy import layer_overrides
+
+    text = _get("conflict_policies", "")
+    if not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+        if not isinstance(value, dict):
+            raise ValueError("expected a JSON object keyed by exception name")
+        return layer_overrides(value)
+    except (ValueError, TypeError, RecursionError) as exc:  # json.JSONDecodeError is a ValueError
+        raise ProviderConfigError(f"[{SECTION}] conflict_policies: {exc}") from exc
+
+
+def task_retries() -> int:
+    """``[delta_occ] task_retries``: Airflow ``retries`` of a Delta task that sets none (default 2).
+
+    A task-level conflict retry can only happen within ``retries``; Airflow's own default is 0.
+
+    Raises:
+        ProviderConfigError: not a whole number from 0 to 100.
+    """
+    text = _get("task_retries", str(DEFAULT_TASK_RETRIES)).strip()
+    if not text.isascii() or not text.isdigit() or int(text) > MAX_TASK_RETRIES:
+        raise ProviderConfigError(f"[{SECTION}] task_retries is {text!r}; expected a whole number from 0 to "
+                                  f"{MAX_TASK_RETRIES}")
+    return int(text)

@@ -1,0 +1,79 @@
+"""A job's footprint, planned from its ``JobSpec`` and the table's snapshot alone (pure, no Spark).
+
+The conflict pools compare footprints before jobs run; the operator plans one in ``prepare``. What
+each operation reads and writes, as the planner needs it:
+
+* MERGE reads what its ON condition confines (the whole table with a NOT MATCHED BY SOURCE
+  clause, as delta-spark's ``findTouchedFiles`` does) and writes inside ``partitions=`` (the
+  runner refuses source rows outside them, and rows never move partitions);
+* UPDATE and DELETE read and rewrite what their condition selects;
+* OPTIMIZE compacts the partitions its filter selects (Z-ordered or not);
+* an append writes only inside ``partitions=`` when given (enforced by the runner), else anywhere;
+* an overwrite of partitions is Delta's ``replaceWhere`` of exactly those partitions.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from typing import Any
+
+from airflow_delta_occ.engine.planner import Footprint, Operation, plan_footprint
+from airflow_delta_occ.engine.snapshot import Snapshot
+from airflow_delta_occ.engine.values import parse_partition_value
+
+from .spec import JobSpec
+
+ENGINE_OPERATIONS: Mapping[str, Operation] = {
+    "merge": Operation.MERGE, "update": Operation.UPDATE, "delete": Operation.DELETE,
+    "optimize": Operation.OPTIMIZE, "append": Operation.INSERT, "overwrite_partitions": Operation.REPLACE_WHERE,
+}
+MAX_WRITE_PARTITIONS = 4096
+
+
+def engine_operation(spec: JobSpec) -> Operation:
+    """The planner's operation kind for a job (Z-ordering is its own kind)."""
+    if spec.operation == "optimize" and spec.zorder_by:
+        return Operation.OPTIMIZE_ZORDER
+    return ENGINE_OPERATIONS[spec.operation]
+
+
+def write_partitions(spec: JobSpec, snapshot: Snapshot) -> list[dict[str, Any]] | None:
+    """Every partition the job may add files to, when ``partitions=`` pins each partition column.
+
+    ``None`` means "anywhere": a column left open, or more combinations than is useful to list.
+    """
+    if not snapshot.partition_columns or not spec.partitions:
+        return None
+    by_lower = {name.lower(): values for name, values in spec.partitions.items()}
+    options = [_typed(snapshot, column, by_lower.get(column.lower())) for column in snapshot.partition_columns]
+    if any(values is None for values in options):
+        return None
+    combos = 1
+    for values in options:
+        combos *= len(values or ())
+    if combos > MAX_WRITE_PARTITIONS:
+        return None
+    return [dict(zip(snapshot.partition_columns, combo, strict=True))
+            for combo in itertools.product(*(values or () for values in options))]
+
+
+def _typed(snapshot: Snapshot, column: str, raw: tuple[str | None, ...] | None) -> list[Any] | None:
+    field = snapshot.schema.find(column)
+    if raw is None or field is None:
+        return None
+    return [parse_partition_value(value, field.type) for value in raw]
+
+
+def footprint_of(spec: JobSpec, snapshot: Snapshot) -> Footprint:
+    """What ``spec`` reads and writes on ``snapshot``, for the planner's conflict verdicts."""
+    op = engine_operation(spec)
+    writes = write_partitions(spec, snapshot) if op in (Operation.MERGE, Operation.INSERT) else None
+    reads_whole_table = op is Operation.MERGE and any(c.kind.startswith("not_matched_by_source")
+                                                      for c in spec.clauses)
+    predicate = spec.condition if op is not Operation.INSERT else None
+    return plan_footprint(
+        snapshot, op, predicate, label=f"{spec.operation} {spec.run.task_id}",
+        write_partitions=writes, app_id=spec.run.app_id if spec.idempotent else None,
+        target_alias=spec.target_alias if op is Operation.MERGE else None, reads_whole_table=reads_whole_table,
+    )

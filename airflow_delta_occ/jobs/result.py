@@ -1,0 +1,174 @@
+"""``JobResult``: what a Delta job did, as one typed value in every mode (the mirror of ``JobSpec``).
+
+The runner returns a ``JobResult`` whether the job ran in the worker (embedded), in a ``spark-submit``
+application (printed as one JSON line) or against a Spark Connect server, and it never raises for
+the job's own outcome: a refusal, a conflict, a skip or an error is a status with its message.
+``raise_for_status`` is the one place that turns a status back into the provider's exception, so
+the same failure raises the same class with the same message, and gets the same Airflow outcome,
+in every mode.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+from airflow_delta_occ.engine.errors import (
+    ConflictKind,
+    InvalidLiteralError,
+    PredicateSyntaxError,
+    TableNotFoundError,
+    UnknownColumnError,
+)
+from airflow_delta_occ.exceptions import (
+    ConflictFailure,
+    ConflictSkipped,
+    DeltaJobError,
+    JobSpecError,
+    MissingPartitionConstraintError,
+    PartitionSpecError,
+    SourceNotFoundError,
+    SourceOutsidePartitionsError,
+    StatementRefusedError,
+    UnsafeExpressionError,
+)
+
+
+class JobStatus(StrEnum):
+    """How a job ended. Every status but ``success`` raises in ``raise_for_status``."""
+
+    SUCCESS = "success"
+    SKIPPED = "skipped"      # a conflict whose policy is skip
+    CONFLICT = "conflict"    # a conflict whose policy fails, or whose attempts ran out
+    REJECTED = "rejected"    # the job's input was refused (never retried)
+    ERROR = "error"          # anything else (left to Airflow's retries)
+
+
+@dataclass(frozen=True)
+class ConflictSeen:
+    """One conflict the job met: attempt, kind, Delta's message, what the policy did, backoff (s)."""
+
+    attempt: int
+    kind: ConflictKind
+    message: str
+    action: str
+    delay: float = 0.0
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """What one Delta job did.
+
+    ``version`` is the table version this task run committed (``None``: nothing committed, e.g. a
+    DELETE that matched no row); ``already_committed`` says the commit was made by an earlier try of
+    the same run, so this try wrote nothing. ``confirmed`` and ``task_seconds`` are added by the
+    operator after it checked the Delta log.
+    """
+
+    status: JobStatus
+    table: str
+    operation: str
+    condition: str | None = None
+    partition_filter: str | None = None
+    version: int | None = None
+    already_committed: bool = False
+    metrics: Mapping[str, str] = field(default_factory=dict)
+    attempts: int = 0
+    conflicts: tuple[ConflictSeen, ...] = ()
+    dropped_source_rows: int = 0
+    run_seconds: float = 0.0
+    wait_seconds: float = 0.0
+    error: str | None = None
+    error_type: str | None = None
+    conflict: ConflictKind | None = None
+    refused: Mapping[str, Any] = field(default_factory=dict)   # fields of a refusal (rows outside...)
+    confirmed: bool = False
+    task_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        # A JobResult crosses a process boundary in spark-submit mode: a value of the wrong type is a
+        # typed error here, not a surprise in the operator.
+        object.__setattr__(self, "status", JobStatus(self.status))
+        if self.conflict is not None:
+            object.__setattr__(self, "conflict", ConflictKind(self.conflict))
+        if self.status is JobStatus.CONFLICT and self.conflict is None:
+            raise JobSpecError("a conflict result needs the conflict kind")
+
+    # -- JSON (spark-submit prints it; XCom stores it) ---------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data (the task's XCom value)."""
+        return json.loads(self.to_json())  # type: ignore[no-any-return]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, default=str)
+
+    @classmethod
+    def from_json(cls, text: str | Mapping[str, Any]) -> JobResult:
+        """Decode a result written by ``to_json``.
+
+        Raises:
+            DeltaJobError: not a JobResult.
+        """
+        try:
+            data = json.loads(text) if isinstance(text, str) else dict(text)
+            if not isinstance(data, dict):
+                raise TypeError("a JobResult is a JSON object")
+            conflicts = tuple(ConflictSeen(**c) for c in data.pop("conflicts", None) or ())
+            seen = tuple(replace(c, kind=ConflictKind(c.kind)) for c in conflicts)
+            return cls(**data, conflicts=seen)
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise DeltaJobError(f"not a valid job result: {exc}") from exc
+
+    # -- the one decoding of a status into the provider's exception --------------------------------
+    def raise_for_status(self) -> JobResult:
+        """Return the result when the job succeeded; raise its typed exception otherwise.
+
+        Raises:
+            ConflictSkipped, ConflictFailure: a conflict the policy skips or fails on.
+            JobSpecError (and subclasses), SourceNotFoundError, TableNotFoundError: refused input.
+            DeltaJobError: any other failure of the job.
+        """
+        message = self.error or ""
+        if self.status is JobStatus.SUCCESS:
+            return self
+        if self.status is JobStatus.SKIPPED:
+            raise ConflictSkipped(message, kind=self.conflict)
+        if self.status is JobStatus.CONFLICT:
+            assert self.conflict is not None  # __post_init__
+            raise ConflictFailure(message, kind=self.conflict, attempts=self.attempts)
+        if self.status is JobStatus.REJECTED:
+            build = REFUSALS.get(self.error_type or "")
+            raise build(message, self) if build else JobSpecError(f"{self.error_type}: {message}")
+        raise DeltaJobError(f"the Spark job failed: {message}")
+
+
+def _by_message(cls: type[Exception]) -> Callable[[str, JobResult], Exception]:
+    return lambda message, _result: cls(message)
+
+
+def _table_not_found(message: str, result: JobResult) -> Exception:
+    # The engine's constructor composes its message from the table and a detail; rebuild that text.
+    prefix = f"no Delta table at {result.table!r}: "
+    return TableNotFoundError(result.table, message.removeprefix(prefix) if message.startswith(prefix) else message)
+
+
+def _source_outside(message: str, result: JobResult) -> Exception:
+    count = result.refused.get("count")
+    samples = tuple(dict(s) for s in result.refused.get("samples") or ())
+    return SourceOutsidePartitionsError(message, count=count if isinstance(count, int) else None, samples=samples)
+
+
+# The refusals a runner may report, by class name: each is rebuilt as the same class and message.
+REFUSALS: Mapping[str, Callable[[str, JobResult], Exception]] = {
+    **{cls.__name__: _by_message(cls) for cls in (
+        JobSpecError, PartitionSpecError, MissingPartitionConstraintError, UnsafeExpressionError,
+        SourceNotFoundError, StatementRefusedError, PredicateSyntaxError, UnknownColumnError, InvalidLiteralError)},
+    SourceOutsidePartitionsError.__name__: _source_outside,
+    TableNotFoundError.__name__: _table_not_found,
+}
+REFUSED_TYPES: tuple[type[BaseException], ...] = (JobSpecError, SourceNotFoundError, TableNotFoundError,
+                                                 PredicateSyntaxError, UnknownColumnError, InvalidLiteralError)
+"""What the runner reports as ``rejected`` (never retried); their class names are keys of ``REFUSALS``."""

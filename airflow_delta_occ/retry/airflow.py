@@ -1,0 +1,83 @@
+"""The Airflow boundary: a ``RetryPolicy`` (Airflow 3.3 ``retry_policy=``) that knows Delta's conflicts.
+
+Inside the Spark job the runner already retried what its policies allow. What reaches Airflow is
+either a conflict that the policy fails on, a conflict whose in-job retries ran out, or an ordinary
+error. This policy fails at once what retrying cannot fix (bad job input, missing tables, fail-policy
+conflicts) with the advice on what to change, retries exhausted retriable conflicts with the
+conflict's own backoff, and leaves every other error to Airflow's normal ``retries``.
+
+It decides from the same policies as the in-job loop: ``policies_for(operation, overrides)`` with
+the platform's ``[delta_occ] conflict_policies`` under the task's ``conflict_policies=``. The
+platform layer is read when the policy first decides, in the worker, as the runner reads it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+from airflow.sdk import RetryDecision, RetryPolicy
+from airflow.sdk.definitions.retry_policy import RetryAction
+
+from airflow_delta_occ.engine.errors import (
+    InvalidCommitError,
+    LogCorruptError,
+    PredicateError,
+    TableNotFoundError,
+    UnsupportedProtocolError,
+)
+from airflow_delta_occ.exceptions import (
+    ConflictFailure,
+    JobSpecError,
+    ProviderConfigError,
+    SourceNotFoundError,
+)
+
+from .classify import ADVICE, ConflictKind, classify_conflict
+from .policy import Action, ConflictPolicy, policies_for
+
+# Retrying cannot fix these: bad job input (every JobSpecError), a missing table or source, a table
+# this engine cannot read, a malformed log (Delta's commit files are written once, atomically), bad
+# and bad provider configuration.
+NOT_RETRIABLE: tuple[type[BaseException], ...] = (
+    JobSpecError, PredicateError, TableNotFoundError, SourceNotFoundError, UnsupportedProtocolError,
+    InvalidCommitError, LogCorruptError, ProviderConfigError)
+
+
+class DeltaConflictRetryPolicy(RetryPolicy):
+    """Retry retriable Delta conflicts, fail the rest of what is known to be permanent, at once.
+
+    :param operation: the job's operation (``merge``, ``optimize``...), which picks the base policies.
+    :param overrides: the task's ``conflict_policies=`` (layered over the platform's defaults).
+    :param policies: resolved policies to use as they are (tests, custom operators).
+    """
+
+    def __init__(self, operation: str = "merge", overrides: Mapping[str, Any] | None = None, *,
+                 policies: Mapping[ConflictKind, ConflictPolicy] | None = None) -> None:
+        self.operation = operation
+        self.overrides = dict(overrides or {})
+        self._policies = dict(policies) if policies is not None else None
+
+    @property
+    def policies(self) -> Mapping[ConflictKind, ConflictPolicy]:
+        """The resolved policies: the same answer the runner's in-job loop gets for this task."""
+        if self._policies is None:
+            from airflow_delta_occ.config import conflict_policies
+            from airflow_delta_occ.retry.policy import layer_overrides
+
+            self._policies = policies_for(self.operation, layer_overrides(conflict_policies(), self.overrides))
+        return self._policies
+
+    def evaluate(self, exception: BaseException, try_number: int, max_tries: int,
+                 context: Any = None) -> RetryDecision:
+        if isinstance(exception, NOT_RETRIABLE):
+            return RetryDecision(RetryAction.FAIL, reason=f"not retriable: {type(exception).__name__}: {exception}")
+        kind = exception.kind if isinstance(exception, ConflictFailure) else classify_conflict(exception)
+        if kind is None:
+            return RetryDecision(RetryAction.DEFAULT)
+        policy = self.policies.get(kind, ConflictPolicy(Action.FAIL))
+        if policy.action is Action.RETRY:
+            delay = dt.timedelta(seconds=policy.delay(try_number))
+            return RetryDecision(RetryAction.RETRY, retry_delay=delay, reason=f"{kind.value}: retrying")
+        return RetryDecision(RetryAction.FAIL, reason=f"{kind.value}: {ADVICE[kind]}")

@@ -1,7 +1,9 @@
 """The commit engine: reads Delta transaction logs without Spark or Airflow.
 
 Import purity is a contract (checked by a test): this package depends on the standard library,
-pyarrow and numpy only, so the scheduler, triggerer and sensors can all use it.
+pyarrow and numpy only, so the scheduler, triggerer and sensors can all use it. Its names load
+lazily: importing a submodule that needs neither (expressions, the SQL parser, errors) does not
+load pyarrow or numpy, which matters for operators, cluster policies and triggers.
 
 Example::
 
@@ -15,54 +17,136 @@ Example::
         print(commit.version, commit.commit_info.operation if commit.commit_info else None)
 """
 
-from .actions import (
-    AddCDCFile,
-    AddFile,
-    CheckpointMetadata,
-    CommitInfo,
-    DeletionVectorDescriptor,
-    DomainMetadata,
-    Metadata,
-    Protocol,
-    RemoveFile,
-    SetTransaction,
-    Sidecar,
-    Version,
-)
-from .conflicts import IsolationLevel, PendingCommit, WinningCommit, check_winning_commit, isolation_to_use
-from .errors import (
-    CONFLICT_EXCEPTIONS,
-    CommitError,
-    CommitRetriesExceededError,
-    ConcurrentAppendException,
-    ConcurrentDeleteDeleteException,
-    ConcurrentDeleteReadException,
-    ConcurrentTransactionException,
-    ConcurrentWriteException,
-    DeltaConcurrentModificationException,
-    DeltaOccError,
-    ExpressionDecodeError,
-    FileAlreadyExistsError,
-    FootprintDecodeError,
-    InvalidCommitError,
-    InvalidLiteralError,
-    LogCorruptError,
-    LogError,
-    MetadataChangedException,
-    PredicateError,
-    PredicateSyntaxError,
-    ProtocolChangedException,
-    StorageError,
-    TableNotFoundError,
-    UnknownColumnError,
-    UnsupportedProtocolError,
-    VersionNotFoundError,
-)
-from .expr_json import expr_from_json, expr_to_json
-from .schema import ArrayType, DataType, DecimalType, MapType, PrimitiveType, StructField, StructType
-from .snapshot import SUPPORTED_READER_FEATURES, Commit, DeltaLog, Snapshot
-from .storage import FileMeta, LocalStorage, PyArrowStorage, Storage
-from .transaction import CommitResult, Transaction
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .actions import (
+        AddCDCFile,
+        AddFile,
+        CheckpointMetadata,
+        CommitInfo,
+        DeletionVectorDescriptor,
+        DomainMetadata,
+        Metadata,
+        Protocol,
+        RemoveFile,
+        SetTransaction,
+        Sidecar,
+        Version,
+    )
+    from .conflicts import IsolationLevel, PendingCommit, WinningCommit, check_winning_commit, isolation_to_use
+    from .errors import (
+        CONFLICT_EXCEPTIONS,
+        CommitError,
+        CommitRetriesExceededError,
+        ConcurrentAppendException,
+        ConcurrentDeleteDeleteException,
+        ConcurrentDeleteReadException,
+        ConcurrentTransactionException,
+        ConcurrentWriteException,
+        DeltaConcurrentModificationException,
+        DeltaOccError,
+        ExpressionDecodeError,
+        FileAlreadyExistsError,
+        FootprintDecodeError,
+        InvalidCommitError,
+        InvalidLiteralError,
+        LogCorruptError,
+        LogError,
+        MetadataChangedException,
+        PredicateError,
+        PredicateSyntaxError,
+        ProtocolChangedException,
+        StorageError,
+        TableNotFoundError,
+        UnknownColumnError,
+        UnsupportedProtocolError,
+        VersionNotFoundError,
+    )
+    from .expr_json import expr_from_json, expr_to_json
+    from .schema import ArrayType, DataType, DecimalType, MapType, PrimitiveType, StructField, StructType
+    from .snapshot import SUPPORTED_READER_FEATURES, Commit, DeltaLog, Snapshot
+    from .storage import FileMeta, LocalStorage, PyArrowStorage, Storage
+    from .transaction import CommitResult, Transaction
+
+# Public name -> the submodule that defines it (imported on first use).
+_LAZY: dict[str, str] = {
+    "AddCDCFile": "actions",
+    "AddFile": "actions",
+    "ArrayType": "schema",
+    "CONFLICT_EXCEPTIONS": "errors",
+    "CheckpointMetadata": "actions",
+    "Commit": "snapshot",
+    "CommitError": "errors",
+    "CommitInfo": "actions",
+    "CommitResult": "transaction",
+    "CommitRetriesExceededError": "errors",
+    "ConcurrentAppendException": "errors",
+    "ConcurrentDeleteDeleteException": "errors",
+    "ConcurrentDeleteReadException": "errors",
+    "ConcurrentTransactionException": "errors",
+    "ConcurrentWriteException": "errors",
+    "DataType": "schema",
+    "DecimalType": "schema",
+    "DeletionVectorDescriptor": "actions",
+    "DeltaConcurrentModificationException": "errors",
+    "DeltaLog": "snapshot",
+    "DeltaOccError": "errors",
+    "DomainMetadata": "actions",
+    "ExpressionDecodeError": "errors",
+    "FileAlreadyExistsError": "errors",
+    "FileMeta": "storage",
+    "FootprintDecodeError": "errors",
+    "InvalidCommitError": "errors",
+    "InvalidLiteralError": "errors",
+    "IsolationLevel": "conflicts",
+    "LocalStorage": "storage",
+    "LogCorruptError": "errors",
+    "LogError": "errors",
+    "MapType": "schema",
+    "Metadata": "actions",
+    "MetadataChangedException": "errors",
+    "PendingCommit": "conflicts",
+    "PredicateError": "errors",
+    "PredicateSyntaxError": "errors",
+    "PrimitiveType": "schema",
+    "Protocol": "actions",
+    "ProtocolChangedException": "errors",
+    "PyArrowStorage": "storage",
+    "RemoveFile": "actions",
+    "SUPPORTED_READER_FEATURES": "snapshot",
+    "SetTransaction": "actions",
+    "Sidecar": "actions",
+    "Snapshot": "snapshot",
+    "Storage": "storage",
+    "StorageError": "errors",
+    "StructField": "schema",
+    "StructType": "schema",
+    "TableNotFoundError": "errors",
+    "Transaction": "transaction",
+    "UnknownColumnError": "errors",
+    "UnsupportedProtocolError": "errors",
+    "Version": "actions",
+    "VersionNotFoundError": "errors",
+    "WinningCommit": "conflicts",
+    "check_winning_commit": "conflicts",
+    "expr_from_json": "expr_json",
+    "expr_to_json": "expr_json",
+    "isolation_to_use": "conflicts",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CONFLICT_EXCEPTIONS",

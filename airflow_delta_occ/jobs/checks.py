@@ -9,15 +9,17 @@ the snapshot checks when they build the job, before Spark starts. Every failure 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from airflow_delta_occ.engine import Snapshot
 from airflow_delta_occ.engine.errors import PredicateSyntaxError
 from airflow_delta_occ.engine.sql_parser import tokenize
 from airflow_delta_occ.exceptions import JobSpecError
 
 from .partitions import PartitionFilter, parse_expression
 from .queries import check_source_query
+
+if TYPE_CHECKING:  # reading a table loads pyarrow; the checks themselves do not need it
+    from airflow_delta_occ.engine.snapshot import Snapshot
 from .spec import MergeClause
 
 CLAUSE_FIELDS = frozenset({"kind", "condition", "set"})

@@ -27,7 +27,8 @@ def _assignments(values: dict[str, str]) -> str:
 def merge_sql(spec: JobSpec, source_view: str) -> str:
     """``MERGE INTO`` for the spec; expressions were checked by the operator, names are quoted here."""
     parts = [f"MERGE INTO {target_sql(spec)} AS {render_identifier(spec.target_alias)} "
-             f"USING {render_identifier(source_view)} AS {render_identifier(spec.source_alias)} ON {spec.condition_sql}"]
+             f"USING {render_identifier(source_view)} AS {render_identifier(spec.source_alias)} "
+             f"ON {spec.condition_sql}"]
     for clause in spec.clauses:
         scope = _clause_scope(clause.kind)
         when = {"matched": "WHEN MATCHED", "not_matched": "WHEN NOT MATCHED",
@@ -67,7 +68,8 @@ def statement_sql(spec: JobSpec, source_view: str | None) -> str | None:
     if op == "delete":
         return f"DELETE FROM {target}" + (f" WHERE {spec.condition_sql}" if spec.condition is not None else "")
     if op == "optimize":
-        sql = f"OPTIMIZE {target}" + (f" WHERE {spec.partition_filter_sql}" if spec.partition_filter is not None else "")
+        where = f" WHERE {spec.partition_filter_sql}" if spec.partition_filter is not None else ""
+        sql = f"OPTIMIZE {target}{where}"
         if spec.zorder_by:
             sql += " ZORDER BY (" + ", ".join(render_identifier(c) for c in spec.zorder_by) + ")"
         return sql

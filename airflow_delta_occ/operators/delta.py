@@ -118,8 +118,7 @@ class DeltaBaseOperator(BaseOperator):
         # One retry decision at both levels: the task-level policy resolves the same layers (platform
         # defaults, then this task's conflict_policies) as the runner's in-job loop.
         kwargs.setdefault("retry_policy", DeltaConflictRetryPolicy(self.operation, self._policy_overrides))
-        # A retry policy never extends past `retries` (Airflow's default is 0): Delta tasks get a few.
-        kwargs.setdefault("retries", config.task_retries())
+        _default_retries(kwargs, kwargs.get("default_args"))
         super().__init__(**kwargs)
         self.table = table
         self.table_name = table_name
@@ -129,6 +128,15 @@ class DeltaBaseOperator(BaseOperator):
         self.delta_conn_id = delta_conn_id
         self.spark_conf = dict(spark_conf or {})
         self.idempotent = idempotent
+
+    @classmethod
+    def partial(cls, **kwargs: Any) -> Any:
+        """Mapped Delta tasks get the provider's default ``retries`` too (the scheduler reads it here)."""
+        from airflow.sdk.definitions._internal.contextmanager import DagContext
+
+        dag = kwargs.get("dag") or DagContext.get_current()
+        _default_retries(kwargs, {**(getattr(dag, "default_args", None) or {}), **(kwargs.get("default_args") or {})})
+        return super().partial(**kwargs)
 
     # -- building the job -------------------------------------------------------------------------
     @cached_property
@@ -166,10 +174,11 @@ class DeltaBaseOperator(BaseOperator):
         # Airflow sets max_tries = try_number + retries when a task instance is cleared, and keeps it
         # across retries: the first try of the current series is max_tries - retries + 1 (as the
         # Task SDK computes it for reschedules). Clamped, in case retries changed since.
-        first_try = try_number if max_tries is None else max(1, min(try_number, int(max_tries) - int(self.retries or 0) + 1))
+        first_try = 1
+        if max_tries is not None:
+            first_try = max(1, min(try_number, int(max_tries) - int(self.retries or 0) + 1))
         return RunIdentity(dag_id=ti.dag_id, task_id=ti.task_id, run_id=context["run_id"],
-                           map_index=getattr(ti, "map_index", -1), try_number=try_number,
-                           first_try=first_try if max_tries is not None else 1)
+                           map_index=getattr(ti, "map_index", -1), try_number=try_number, first_try=first_try)
 
     def build_spec(self, snapshot: Snapshot, run: RunIdentity) -> JobSpec:
         raise NotImplementedError
@@ -239,6 +248,13 @@ class DeltaBaseOperator(BaseOperator):
         return {"target": self._target(), "run": run, "idempotent": self.idempotent, "retry_policies": policies,
                 "source_outside": self.source_outside_partitions, "partition_filter": pfilter.to_expr(),
                 "partitions": pfilter.serialized()}
+
+
+def _default_retries(kwargs: dict[str, Any], default_args: Mapping[str, Any] | None) -> None:
+    """A retry policy never extends past ``retries``, and Airflow's default is 0: unless the author
+    (or the DAG's ``default_args``) sets it, a Delta task gets ``[delta_occ] task_retries``."""
+    if "retries" not in kwargs and "retries" not in (default_args or {}):
+        kwargs["retries"] = config.task_retries()
 
 
 SOURCE_OUTSIDE_ACTIONS = ("fail", "drop")

@@ -92,11 +92,14 @@ def test_engine_operations() -> None:
 def test_footprints_of_jobs_on_other_partitions_do_not_conflict(table: tuple[str, Snapshot]) -> None:
     path, snapshot = table
     fr = {"date": "2024-01-01", "country": "FR"}
-    de_merge = operators(path)["merge"].build_spec(snapshot, RUN)
-    de_delete = operators(path)["delete"].build_spec(snapshot, RUN)
+    def run(task: str) -> RunIdentity:  # each task its own txnAppId: one id twice is a real conflict
+        return RunIdentity("sales", task, "manual__1")
+
+    de_merge = operators(path)["merge"].build_spec(snapshot, run("m"))
+    de_delete = operators(path)["delete"].build_spec(snapshot, run("d"))
     fr_update = DeltaUpdateOperator(task_id="u", table=path, set={"name": "'x'"}, partitions=fr) \
-        .build_spec(snapshot, RUN)
-    de_update = operators(path)["update"].build_spec(snapshot, RUN)
+        .build_spec(snapshot, run("u_fr"))
+    de_update = operators(path)["update"].build_spec(snapshot, run("u_de"))
     assert {"country": "DE", "date": "2024-01-01"} in (footprint_of(de_merge, snapshot).write_partitions or ())
     assert not can_conflict(footprint_of(de_delete, snapshot), footprint_of(fr_update, snapshot), snapshot)
     assert can_conflict(footprint_of(de_delete, snapshot), footprint_of(de_update, snapshot), snapshot)

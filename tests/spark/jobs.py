@@ -14,6 +14,7 @@ from typing import Any
 
 from airflow_delta_occ.engine import DeltaLog
 from airflow_delta_occ.exceptions import ConflictFailure
+from airflow_delta_occ.jobs.result import JobResult
 from airflow_delta_occ.jobs.spec import JobSpec, RunIdentity
 from airflow_delta_occ.operators.delta import DeltaMergeOperator
 from airflow_delta_occ.retry.classify import ConflictKind
@@ -22,12 +23,20 @@ from airflow_delta_occ.spark.runner import run_job
 from .differential.harness import USER_METADATA_CONF, Interleaved, run_interleaved
 
 FAST = {"initial_delay": 0.0, "jitter": 0.0}
-JobRunner = Callable[[Any, JobSpec], dict[str, Any]]
+JobRunner = Callable[[Any, JobSpec], JobResult]
 
 
-def context(task_id: str = "task", run_id: str = "manual__2024-01-01", try_number: int = 1) -> dict[str, Any]:
-    return {"ti": SimpleNamespace(dag_id="sales", task_id=task_id, map_index=-1, try_number=try_number),
-            "run_id": run_id}
+def run_checked(session: Any, spec: JobSpec) -> JobResult:
+    """Run a job in this process as the embedded hook does: a failed job raises its typed error."""
+    return run_job(session, spec).raise_for_status()
+
+
+def context(task_id: str = "task", run_id: str = "manual__2024-01-01", try_number: int = 1,
+            max_tries: int | None = None) -> dict[str, Any]:
+    ti = SimpleNamespace(dag_id="sales", task_id=task_id, map_index=-1, try_number=try_number)
+    if max_tries is not None:
+        ti.max_tries = max_tries
+    return {"ti": ti, "run_id": run_id}
 
 
 def create_sales(spark: Any, path: str) -> str:
@@ -52,18 +61,19 @@ def rows(spark: Any, path: str) -> list[tuple[Any, ...]]:
 
 def merge(table: str, src: str, country: str | None, **kw: Any) -> DeltaMergeOperator:
     kw.setdefault("partitions", {"date": "2024-01-01", "country": country} if country else None)
-    return DeltaMergeOperator(task_id=f"merge_{country}", table=table, source=src,
-                              merge_condition="t.id = s.id AND t.country = s.country", **kw)
+    kw.setdefault("merge_condition", "t.id = s.id AND t.country = s.country")
+    return DeltaMergeOperator(task_id=f"merge_{country}", table=table, source=src, **kw)
 
 
-def merge_spec(table: str, src: str, country: str | None, run_id: str, policies: dict[str, Any]) -> JobSpec:
-    op = merge(table, src, country, conflict_policies=policies)
+def merge_spec(table: str, src: str, country: str | None, run_id: str, policies: dict[str, Any],
+               **kw: Any) -> JobSpec:
+    op = merge(table, src, country, conflict_policies=policies, **kw)
     snapshot = DeltaLog.for_table(table).snapshot()
     return op.build_spec(snapshot, RunIdentity("sales", f"merge_{country}", run_id))
 
 
 def race_merges(spark: Any, table: str, a_src: str, b_src: str, a_country: str | None, b_country: str | None,
-                policies: dict[str, Any], *, run_a: JobRunner = run_job) -> tuple[Interleaved, dict[str, Any]]:
+                policies: dict[str, Any], *, run_a: JobRunner = run_checked) -> tuple[Interleaved, dict[str, Any]]:
     """MERGE A (through ``run_a``) held at its commit while MERGE B commits in this process."""
     results: dict[str, Any] = {}
 
@@ -72,7 +82,7 @@ def race_merges(spark: Any, table: str, a_src: str, b_src: str, a_country: str |
         results["a"] = run_a(session, merge_spec(table, a_src, a_country, token, policies))
 
     def job_b(session: Any) -> None:
-        results["b"] = run_job(session, merge_spec(table, b_src, b_country, "run-b", policies))
+        results["b"] = run_checked(session, merge_spec(table, b_src, b_country, "run-b", policies))
 
     return run_interleaved(spark, job_a, job_b), results
 
@@ -89,7 +99,7 @@ def check_disjoint_merges(spark: Any, sales: str, tmp_path: Any, run_a: JobRunne
     # With them, both commit at the first attempt.
     race, results = race_merges(spark, sales, de, fr, "DE", "FR", fail_fast, run_a=run_a)
     assert race.a_error is None and race.b_error is None
-    assert results["a"]["attempts"] == 1 and results["b"]["attempts"] == 1
+    assert results["a"].attempts == 1 and results["b"].attempts == 1
     assert rows(spark, sales) == [(1, 11, "DE"), (2, 0, "DE"), (3, 33, "FR"), (4, 0, "FR")]
 
 
@@ -101,9 +111,9 @@ def check_overlapping_merges(spark: Any, sales: str, tmp_path: Any, run_a: JobRu
     race, results = race_merges(spark, sales, a_src, b_src, "DE", "DE", {"ConcurrentAppendException": backoff},
                                 run_a=run_a)
     assert race.a_error is None and race.b_error is None
-    assert results["a"]["attempts"] == 2
-    assert results["a"]["conflicts"][0]["kind"] == "ConcurrentAppendException"
-    assert results["a"]["wait_seconds"] == 0.25 and results["a"]["run_seconds"] > 0.25
+    assert results["a"].attempts == 2
+    assert results["a"].conflicts[0].kind is ConflictKind.APPEND
+    assert results["a"].wait_seconds == 0.25 and results["a"].run_seconds > 0.25
     # Serial order: B, then A (A's retry re-read the table B changed, with the source read once).
     assert rows(spark, sales) == [(1, 100, "DE"), (2, 0, "DE"), (3, 0, "FR"), (4, 0, "FR"), (5, 5, "DE"),
                                   (6, 6, "DE")]

@@ -25,13 +25,14 @@ import pytest
 
 from airflow_delta_occ.demo import free_port
 from airflow_delta_occ.engine import DeltaLog
-from airflow_delta_occ.exceptions import SourceOutsidePartitionsError
+from airflow_delta_occ.exceptions import SourceNotFoundError, SourceOutsidePartitionsError, StatementRefusedError
 from airflow_delta_occ.hooks.delta import DeltaSparkHook
+from airflow_delta_occ.jobs.result import JobResult
 from airflow_delta_occ.jobs.spec import JobSpec
 from airflow_delta_occ.spark.session import CONNECT_MODE_FLAG, delta_submit_conf
 
 from .differential.harness import gate_session_conf
-from .jobs import check_disjoint_merges, check_overlapping_merges, merge_spec, source
+from .jobs import check_disjoint_merges, check_overlapping_merges, create_sales, merge_spec, race_merges, source
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -167,26 +168,76 @@ def test_example_dag_through_spark_connect(connect_server: dict[str, Any], tmp_p
     assert len(merge_sessions) == 4, merge_sessions
 
 
-def _hook_runner(conn_id: str) -> Callable[[Any, JobSpec], dict[str, Any]]:
+def _hook_runner(conn_id: str) -> Callable[[Any, JobSpec], JobResult]:
     return lambda _session, spec: DeltaSparkHook(conn_id).run(spec)
 
 
-@pytest.fixture(params=["spark-submit", "connect"])
-def remote_runner(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Runs job A through the hook in one of the remote modes (the gate jar on the remote side too)."""
-    if request.param == "spark-submit":
+def _delta_conn(mode: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A ``delta_occ`` connection for ``mode`` (the gate jar on the remote side too); returns its id."""
+    if mode == "spark-submit":
         cluster = request.getfixturevalue("standalone")
         for key, value in _spark_env(cluster["logs"]).items():
             monkeypatch.setenv(key, value)
         monkeypatch.setenv("AIRFLOW_CONN_SPARK_RACE", json.dumps(
             {"conn_type": "spark", "host": "spark://127.0.0.1", "port": cluster["port"],
              "extra": {"deploy-mode": "client"}}))
-        extra = {"mode": "spark-submit", "spark_conn_id": "spark_race",
-                 "spark_conf": {**gate_session_conf(), "spark.executor.memory": "1g", "spark.cores.max": "1"}}
-    else:
+        extra: dict[str, Any] = {"mode": "spark-submit", "spark_conn_id": "spark_race", "spark_conf": {
+            **gate_session_conf(), "spark.executor.memory": "1g", "spark.cores.max": "1"}}
+    elif mode == "connect":
         extra = {"mode": "connect", "connect_url": request.getfixturevalue("connect_server")["url"]}
-    monkeypatch.setenv("AIRFLOW_CONN_DELTA_OCC_RACE", json.dumps({"conn_type": "delta_occ", "extra": extra}))
-    return _hook_runner("delta_occ_race")
+    else:
+        extra = {"mode": "embedded"}
+    conn_id = f"delta_occ_{mode.replace('-', '_')}"
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "delta_occ", "extra": extra}))
+    return conn_id
+
+
+@pytest.fixture(params=["spark-submit", "connect"])
+def remote_runner(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Runs job A through the hook in one of the remote modes."""
+    return _hook_runner(_delta_conn(request.param, request, monkeypatch))
+
+
+def _outcome(run: Callable[[], Any]) -> tuple[str, str]:
+    try:
+        run()
+    except Exception as exc:  # the class and message are what the test compares across modes
+        return type(exc).__name__, str(exc)
+    raise AssertionError("the job did not fail")
+
+
+def test_the_same_failure_raises_the_same_error_in_every_mode(spark: Any, tmp_path: Path,
+                                                              request: pytest.FixtureRequest,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A missing source, an unknown column and a fail-policy conflict: same class, same message, same
+    Airflow decision, whether the job ran embedded, through spark-submit or over Spark Connect."""
+    from airflow.sdk.definitions.retry_policy import RetryAction
+
+    from airflow_delta_occ.retry.airflow import DeltaConflictRetryPolicy
+
+    outcomes: dict[str, dict[str, tuple[str, str]]] = {}
+    for mode in ("embedded", "spark-submit", "connect"):
+        runner = _hook_runner(_delta_conn(mode, request, monkeypatch))
+        sales = create_sales(spark, str(tmp_path / mode / "sales"))
+        src = source(spark, tmp_path / mode, "de", [(1, 11, "2024-01-01", "DE")])
+        missing = merge_spec(sales, "/nonexistent/landing/de", "DE", f"missing-{mode}", {})
+        unknown = merge_spec(sales, src, "DE", f"unknown-{mode}", {}, merge_condition="t.id = s.no_such_column")
+        before = DeltaLog.for_table(sales).latest_version()
+        outcomes[mode] = {"missing source": _outcome(lambda: runner(spark, missing)),  # noqa: B023
+                          "unknown column": _outcome(lambda: runner(spark, unknown))}  # noqa: B023
+        fr = source(spark, tmp_path / mode, "fr", [(3, 33, "2024-01-01", "FR")])
+        race, _ = race_merges(spark, sales, src, fr, None, None, {"ConcurrentAppendException": "fail"}, run_a=runner)
+        assert race.a_error is not None and race.b_error is None
+        outcomes[mode]["fail-policy conflict"] = (type(race.a_error).__name__, str(race.a_error))
+        assert DeltaLog.for_table(sales).latest_version() == before + 1  # only B committed
+    assert outcomes["embedded"] == outcomes["spark-submit"] == outcomes["connect"], json.dumps(outcomes, indent=1)
+    expected = {"missing source": "SourceNotFoundError", "unknown column": "StatementRefusedError",
+                "fail-policy conflict": "ConflictFailure"}
+    assert {k: v[0] for k, v in outcomes["embedded"].items()} == expected
+    policy = DeltaConflictRetryPolicy("merge", {"ConcurrentAppendException": "fail"})
+    for error in (SourceNotFoundError("x"), StatementRefusedError("x")):
+        assert policy.evaluate(error, 1, 3).action is RetryAction.FAIL
+    assert CONNECT_MODE_FLAG not in os.environ
 
 
 def test_remote_conflict_is_classified_and_injection_avoids_it(spark: Any, sales: str, tmp_path: Path,

@@ -25,9 +25,8 @@ from airflow_delta_occ.operators.delta import (
     DeltaOverwritePartitionsOperator,
     DeltaUpdateOperator,
 )
-from airflow_delta_occ.spark.runner import run_job
 
-from .jobs import check_disjoint_merges, check_overlapping_merges, context, merge, rows, source
+from .jobs import check_disjoint_merges, check_overlapping_merges, context, merge, rows, run_checked, source
 
 
 def test_merge_injects_typed_partition_predicate(spark: Any, sales: str, tmp_path: Any) -> None:
@@ -115,11 +114,11 @@ def test_bad_input_is_refused_before_spark_and_changes_nothing(spark: Any, sales
 
 
 def test_concurrent_merges_on_different_partitions(spark: Any, sales: str, tmp_path: Any) -> None:
-    check_disjoint_merges(spark, sales, tmp_path, run_job)
+    check_disjoint_merges(spark, sales, tmp_path, run_checked)
 
 
 def test_overlapping_merges_retry_to_the_serial_result(spark: Any, sales: str, tmp_path: Any) -> None:
-    check_overlapping_merges(spark, sales, tmp_path, run_job)
+    check_overlapping_merges(spark, sales, tmp_path, run_checked)
 
 
 def test_retried_task_run_never_writes_twice(spark: Any, sales: str, tmp_path: Any) -> None:
@@ -139,3 +138,11 @@ def test_retried_task_run_never_writes_twice(spark: Any, sales: str, tmp_path: A
     # A different run of the task writes again.
     append.execute(context("load", run_id="manual__2024-01-02"))
     assert len(rows(spark, sales)) == 8
+    # Clearing the task starts a new series of tries (Airflow sets max_tries = try_number + retries):
+    # the clear redoes the write, and a retry within the new series still writes nothing twice.
+    cleared = append.execute(context("load", try_number=3, max_tries=2 + append.retries))
+    assert cleared["version"] > second["version"] and not cleared["already_committed"]
+    assert len(rows(spark, sales)) == 10
+    retry_after_clear = append.execute(context("load", try_number=4, max_tries=2 + append.retries))
+    assert retry_after_clear["already_committed"] and retry_after_clear["version"] == cleared["version"]
+    assert len(rows(spark, sales)) == 10

@@ -27,6 +27,7 @@ from airflow_delta_occ.exceptions import (
 )
 from airflow_delta_occ.jobs.partitions import NULL_PARTITION
 from airflow_delta_occ.jobs.spec import JobSpec, RunIdentity
+from airflow_delta_occ.jobs.sql import statement_sql
 from airflow_delta_occ.operators.delta import (
     DeltaAppendOperator,
     DeltaDeleteOperator,
@@ -36,10 +37,10 @@ from airflow_delta_occ.operators.delta import (
     DeltaUpdateOperator,
 )
 from airflow_delta_occ.retry.classify import ConflictKind
-from airflow_delta_occ.spark.runner import read_source, run_job, statement_sql
+from airflow_delta_occ.spark.runner import read_source
 
 from .differential.harness import USER_METADATA_CONF, run_interleaved
-from .jobs import context, rows, source
+from .jobs import context, rows, run_checked, source
 
 DE = {"date": "2024-01-01", "country": "DE"}
 FR = {"date": "2024-01-01", "country": "FR"}
@@ -95,13 +96,13 @@ def test_not_matched_by_source_merge_reads_the_whole_table(spark: Any, sales: st
     def merge_a(session: Any) -> None:
         spec = nmbs_merge(sales, src, conflict_policies=FAIL_FAST).build_spec(
             snapshot, RunIdentity("sales", "sync_de", session.conf.get(USER_METADATA_CONF)))
-        run_job(session, spec)
+        run_checked(session, spec)
 
     update = DeltaUpdateOperator(task_id="u", table=sales, set={"v": "v + 1"}, partitions=FR,
                                  conflict_policies=FAIL_FAST)
 
     def update_b(session: Any) -> None:
-        run_job(session, update.build_spec(snapshot, RunIdentity("sales", "u", "run-b")))
+        run_checked(session, update.build_spec(snapshot, RunIdentity("sales", "u", "run-b")))
 
     race = run_interleaved(spark, merge_a, update_b)
     assert isinstance(race.a_error, ConflictFailure) and race.a_error.kind is ConflictKind.APPEND, race.a_outcome

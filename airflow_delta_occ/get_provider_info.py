@@ -55,6 +55,12 @@ def get_provider_info() -> dict[str, Any]:
                                    '"MetadataChangedException": "fail"}',
                         "default": "",
                     },
+                    "task_retries": {
+                        "description": ("Airflow retries of a Delta task that sets none (neither retries= nor "
+                                        "default_args). A task-level conflict retry needs retries: Airflow's own "
+                                        "default is 0."),
+                        "version_added": "0.1.0", "type": "integer", "example": "3", "default": "2",
+                    },
                 },
             }
         },

@@ -195,6 +195,11 @@ class DeltaConcurrentModificationException(DeltaOccError):
 
     error_class = "DELTA_CONCURRENT_MODIFICATION"
     sql_state = "2D521"
+
+    @property
+    def kind(self) -> ConflictKind:
+        """The conflict this exception reports (its class name is the kind's value)."""
+        return ConflictKind(type(self).__name__)
     _what = "a concurrent commit conflicts with this transaction"
 
     def __init__(self, *, version: int, operation: str | None, detail: str = "",

@@ -48,6 +48,7 @@ from .conflicts import (
     table_isolation_level,
 )
 from .errors import (
+    ConflictKind,
     DeltaConcurrentModificationException,
     ExpressionDecodeError,
     FootprintDecodeError,
@@ -292,7 +293,7 @@ class Verdict:
     conflict: bool
     model: Model
     reason: str
-    exception: str | None = None
+    exception: ConflictKind | None = None           # the conflict delta-spark would raise
     loser: str | None = None
     winner: str | None = None
     orders: tuple[str, ...] = field(default=(), compare=False)
@@ -542,7 +543,7 @@ def _delta_verdict(winner: Footprint, loser: Footprint, snapshot: Snapshot, defa
         check_winning_commit(pending, win, level)
     except DeltaConcurrentModificationException as exc:
         return Verdict(True, model, f"{loser.label} after {winner.label}: {_plain(exc)} (checked at {level.value})",
-                       type(exc).__name__, loser.label, winner.label)
+                       exc.kind, loser.label, winner.label)
     return Verdict(False, model, f"{loser.label} can commit after {winner.label} (checked at {level.value})",
                    None, loser.label, winner.label)
 
@@ -557,7 +558,7 @@ def _databricks_verdict(winner: Footprint, loser: Footprint, snapshot: Snapshot)
     meta = snapshot.metadata
     if "delta.identity." in meta.schema_string:
         return Verdict(True, model, "tables with identity columns admit no concurrent transactions",
-                       "ConcurrentTransactionException", loser.label, winner.label)
+                       ConflictKind.TRANSACTION, loser.label, winner.label)
     dv = snapshot.deletion_vectors_enabled
     row_level = dv and not snapshot.partition_columns
     level = table_isolation_level(meta, IsolationLevel.WRITE_SERIALIZABLE)
@@ -573,7 +574,7 @@ def _databricks_verdict(winner: Footprint, loser: Footprint, snapshot: Snapshot)
         if ops <= _DML:
             return Verdict(True, model, f"row-level concurrency: {loser.label} and {winner.label} conflict if they "
                            "modify the same row, which cannot be known before they run",
-                           "ConcurrentAppendException", loser.label, winner.label)
+                           ConflictKind.APPEND, loser.label, winner.label)
         if winner.operation is Operation.INSERT and loser.operation in _DML:
             if level is IsolationLevel.WRITE_SERIALIZABLE:
                 return Verdict(False, model, f"a blind INSERT never conflicts with {loser.label} under "
@@ -608,13 +609,13 @@ def _maxcompute_verdict(winner: Footprint, loser: Footprint, snapshot: Snapshot)
     w, lo = _MC_KIND.get(winner.operation), _MC_KIND.get(loser.operation)
     if w is None or lo is None:
         return Verdict(True, model, f"{winner.label} / {loser.label}: no MaxCompute rule for this pair; assumed to "
-                       "conflict", "ConcurrentModification", loser.label, winner.label)
+                       "conflict", ConflictKind.WRITE, loser.label, winner.label)
     if snapshot.partition_columns and _partitions_disjoint(winner, loser):
         return Verdict(False, model, f"{winner.label} and {loser.label} touch different partitions", None,
                        loser.label, winner.label)
     if _MC_LATER_FAILS[(w, lo)]:
         return Verdict(True, model, f"{loser.label} ({lo}) committing after {winner.label} ({w}) in the same table "
-                       "or partition fails", "ConcurrentModification", loser.label, winner.label)
+                       "or partition fails", ConflictKind.WRITE, loser.label, winner.label)
     outcome = "overwrites the earlier result" if lo == "OVERWRITE" else "commits as well"
     return Verdict(False, model, f"{loser.label} ({lo}) after {winner.label} ({w}) {outcome}", None,
                    loser.label, winner.label)

@@ -4,19 +4,14 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import re
 
 import pytest
-from airflow.sdk.definitions.retry_policy import RetryAction
 
-from airflow_delta_occ.engine import ConcurrentAppendException, TableNotFoundError
 from airflow_delta_occ.engine.schema import parse_schema
 from airflow_delta_occ.engine.sql_parser import parse_predicate
 from airflow_delta_occ.exceptions import JobSpecError, PartitionSpecError, UnsafeExpressionError
 from airflow_delta_occ.jobs.partitions import NULL_PARTITION, build_partition_filter, conjoin, render_expression
 from airflow_delta_occ.jobs.spec import JobSpec, MergeClause, RunIdentity, SourceRef, TableRef
-from airflow_delta_occ.retry.airflow import DeltaConflictRetryPolicy
-from airflow_delta_occ.retry.classify import ConflictKind, conflict_failure
 
 pytestmark = pytest.mark.unit
 
@@ -92,51 +87,3 @@ def test_incomplete_jobspecs_are_refused(kwargs):
         SourceRef(path="/s", query="SELECT 1")
     with pytest.raises(JobSpecError):
         MergeClause("matched_update")
-
-
-def test_airflow_retry_policy():
-    policy = DeltaConflictRetryPolicy()
-    decision = policy.evaluate(ConcurrentAppendException(version=4, operation="MERGE"), 1, 3)
-    assert decision.action is RetryAction.RETRY and decision.retry_delay is not None
-    protocol = conflict_failure(ConflictKind.PROTOCOL, 1, RuntimeError("protocol changed"))
-    assert policy.evaluate(protocol, 1, 3).action is RetryAction.FAIL
-    assert policy.evaluate(TableNotFoundError("/t"), 1, 3).action is RetryAction.FAIL
-    assert policy.evaluate(PartitionSpecError("bad"), 1, 3).action is RetryAction.FAIL
-    assert policy.evaluate(ConnectionError("network"), 1, 3).action is RetryAction.DEFAULT
-
-
-def test_platform_policies_come_from_config_and_tasks_override_them(monkeypatch):
-    from airflow_delta_occ.config import conflict_policies as configured_policies
-    from airflow_delta_occ.jobs.partitions import PartitionFilter
-    from airflow_delta_occ.operators.delta import DeltaDeleteOperator
-
-    monkeypatch.setenv("AIRFLOW__DELTA_OCC__CONFLICT_POLICIES", json.dumps(
-        {"ConcurrentAppendException": {"max_attempts": 9, "initial_delay": 2}, "MetadataChangedException": "fail"}))
-    assert configured_policies()["MetadataChangedException"] == {"action": "fail"}
-    op = DeltaDeleteOperator(task_id="d", table="/lake/t", where="id = 1",
-                             conflict_policies={"ConcurrentAppendException": {"initial_delay": 0.5}})
-    spec_policies = op._common(None, RunIdentity("d", "t", "r"), PartitionFilter(()))["retry_policies"]
-    assert spec_policies["ConcurrentAppendException"] == {"max_attempts": 9, "initial_delay": 0.5}
-    assert spec_policies["MetadataChangedException"] == {"action": "fail"}
-
-
-@pytest.mark.parametrize(("value", "problem"), [
-    ("{not json", "Expecting property name"),
-    ('["ConcurrentAppendException"]', "JSON object"),
-    ('{"ConcurrentAppend": "retry"}', "unknown conflict 'ConcurrentAppend'"),
-    ('{"ConcurrentAppendException": {"max_attempts": -1}}', "max_attempts must be a whole number"),
-])
-def test_bad_platform_policies_are_a_typed_error_naming_the_option(monkeypatch, value, problem):
-    from airflow_delta_occ.config import conflict_policies as configured_policies
-    from airflow_delta_occ.exceptions import ProviderConfigError
-
-    monkeypatch.setenv("AIRFLOW__DELTA_OCC__CONFLICT_POLICIES", value)
-    with pytest.raises(ProviderConfigError, match=r"\[delta_occ\] conflict_policies: .*" + re.escape(problem)):
-        configured_policies()
-
-
-def test_bad_task_policies_fail_when_the_dag_is_parsed():
-    from airflow_delta_occ.operators.delta import DeltaDeleteOperator
-
-    with pytest.raises(JobSpecError, match="conflict_policies: unknown conflict 'ConcurrentAppend'"):
-        DeltaDeleteOperator(task_id="d", table="/lake/t", conflict_policies={"ConcurrentAppend": "skip"})

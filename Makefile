@@ -40,7 +40,7 @@ bench: setup
 	$(PY) benchmarks/conflict_check.py
 
 demo: setup
-	$(PY) -m airflow_delta_occ.demo
+	$(PY) -m airflow_delta_occ.demo --dags-folder dags_examples
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -6,6 +6,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from airflow_delta_occ.engine import DeltaLog
 
 from .conftest import AIRFLOW, REPO
@@ -50,6 +52,8 @@ def test_concurrent_merges_dag_runs(airflow_env: dict[str, str], tmp_path: Path)
     assert {t["task_id"] for t in tags} == {"merge_country"}
     snapshot = log.snapshot()
     assert {str(snapshot.partition_values(f)["country"]) for f in snapshot.files()} == {"DE", "FR", "IT", "ES"}
+    # `dags test DAG 2024-01-01` gives the run that logical date (its run_after is "now"): the DAG writes that day.
+    assert {str(snapshot.partition_values(f)["date"]) for f in snapshot.files()} == {"2024-01-01"}
     assert snapshot.num_files >= 4
 
 
@@ -71,7 +75,7 @@ def test_merges_run_concurrently_under_the_scheduler(tmp_path: Path) -> None:
     """The demo's path: a real scheduler with the LocalExecutor runs the mapped MERGEs side by side."""
     from airflow_delta_occ.demo import run_with_scheduler
 
-    result = run_with_scheduler(tmp_path, timeout=1200)
+    result = run_with_scheduler(tmp_path, dags_folder=REPO / "dags_examples", timeout=1200)
     assert result["state"] == "success", f"see {tmp_path / 'airflow-standalone.log'}"
     merges = [t for t in result["tasks"] if t["task_id"] == "merge_country"]
     assert len(merges) == 4 and all(t["state"] == "success" for t in merges)
@@ -84,3 +88,14 @@ def test_merges_run_concurrently_under_the_scheduler(tmp_path: Path) -> None:
     assert [c.version for c in commits] == [1, 2, 3, 4]
     tags = [json.loads(c.commit_info.user_metadata or "{}")["airflow"] for c in commits]  # type: ignore[union-attr]
     assert sorted(t["map_index"] for t in tags) == [0, 1, 2, 3]
+    # Triggered without a logical date: the DAG writes the day of the run's run_after, one day for all tasks.
+    snapshot = log.snapshot()
+    assert {str(snapshot.partition_values(f)["date"]) for f in snapshot.files()} == {result["run_after"][:10]}
+
+
+def test_demo_refuses_a_dags_folder_without_the_example_dag(tmp_path: Path) -> None:
+    from airflow_delta_occ.demo import check_dags_folder
+
+    assert check_dags_folder(REPO / "dags_examples") == (REPO / "dags_examples").resolve()
+    with pytest.raises(FileNotFoundError, match=r"does not hold delta_concurrent_merges\.py"):
+        check_dags_folder(tmp_path)

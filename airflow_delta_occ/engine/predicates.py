@@ -212,15 +212,17 @@ def _column_text(column: Column) -> str:
     return ".".join(render_identifier(p) for p in parts)
 
 
+def _numeric(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def _fold(op: ComparisonOp, left: Literal, right: Literal, original: Comparison) -> Expr:
     if left.value is None or right.value is None:
         if op == "<=>":
             return Literal(left.value is None and right.value is None)
         return Literal(None)
-    if type(left.value) is not type(right.value) and not (
-        isinstance(left.value, int | float) and isinstance(right.value, int | float)
-    ):
-        return Unknown(to_sql(original))
+    if type(left.value) is not type(right.value) and not (_numeric(left.value) and _numeric(right.value)):
+        return Unknown(to_sql(original))  # Spark casts (TRUE = 1 is true); the engine does not guess
     return Literal(_compare(op, left.value, right.value))
 
 

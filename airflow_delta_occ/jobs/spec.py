@@ -18,7 +18,7 @@ from typing import Any
 
 from airflow_delta_occ.engine.errors import PredicateError
 from airflow_delta_occ.engine.expr_json import expr_from_json, expr_to_json
-from airflow_delta_occ.engine.expressions import Expr
+from airflow_delta_occ.engine.expressions import Expr, references, split_conjuncts
 from airflow_delta_occ.engine.sql_parser import parse_predicate, to_sql
 from airflow_delta_occ.exceptions import JobSpecError
 
@@ -168,9 +168,47 @@ class JobSpec:
             raise JobSpecError("source_check needs a source")
         if bool(self.partitions) != (self.partition_filter is not None):
             raise JobSpecError("partitions and partition_filter go together")
-        for what, tree in (("condition", self.condition), ("partition_filter", self.partition_filter)):
-            if tree is not None:
-                _check_renders_back(tree, what)
+        for what in ("condition", "partition_filter"):
+            tree = getattr(self, what)
+            if tree is not None:  # the tree of exactly the text the runner will execute
+                object.__setattr__(self, what, canonical_tree(tree, what))
+        self._check_confined()
+        for i, clause in enumerate(self.clauses):
+            if clause.condition is not None:
+                _check_canonical_text(clause.condition, f"clauses[{i}].condition")
+            for key, value in clause.set.items():
+                _check_canonical_text(value, f"clauses[{i}].set[{key}]")
+        for key, value in self.set.items():
+            _check_canonical_text(value, f"set[{key}]")
+
+    def _check_confined(self) -> None:
+        """The partition predicate is what ``partitions`` says, and it confines the job as a whole.
+
+        Every conjunct of ``partition_filter`` is a top-level conjunct of ``condition`` (MERGE ON,
+        UPDATE/DELETE WHERE), or the condition itself (OPTIMIZE WHERE, replaceWhere); source rows are
+        checked whenever a source writes under ``partitions``. A spec that breaks this, decoded from
+        JSON or built by hand, would run a statement its footprint does not describe.
+        """
+        if self.partition_filter is None:
+            return
+        names = {c.lower() for c in references(self.partition_filter)}
+        if names != {c.lower() for c in self.partitions}:
+            raise JobSpecError(f"partition_filter names {sorted(names)}, partitions names {sorted(self.partitions)}")
+        alias = self.target_alias if self.operation == "merge" else None
+        if self.operation in ("optimize", "overwrite_partitions"):
+            if self.condition is not None and to_sql(self.condition) != to_sql(self.partition_filter):
+                raise JobSpecError(f"{self.operation} runs exactly its partition filter; condition differs from it")
+        elif self.operation != "append":
+            conjuncts = {to_sql(c, qualifier=alias) for c in split_conjuncts(self.condition)} \
+                if self.condition is not None else set()
+            missing = [c for c in split_conjuncts(self.partition_filter) if to_sql(c, qualifier=alias) not in conjuncts]
+            if missing:
+                raise JobSpecError("the partition predicate is not a top-level conjunct of the condition: "
+                                   + ", ".join(to_sql(c) for c in missing))
+        writes_source = self.operation in ("append", "overwrite_partitions") or any(
+            c.kind in ("matched_update_all", "not_matched_insert_all", "not_matched_insert") for c in self.clauses)
+        if writes_source and self.source_check is None:
+            raise JobSpecError("a job that writes source rows under partitions needs source_check")
 
     @property
     def condition_sql(self) -> str | None:
@@ -210,16 +248,34 @@ class JobSpec:
             raise JobSpecError(f"not a valid JobSpec: {exc}") from exc
 
 
-def _check_renders_back(tree: Expr, what: str) -> None:
-    """The SQL the runner renders from a tree must parse back to that tree.
+def canonical_tree(tree: Expr, what: str) -> Expr:
+    """The tree the parser gives for the SQL rendered from ``tree``, which must render back unchanged.
 
-    The operator only builds such trees; a spec decoded from JSON could hold one whose opaque
-    parts (function calls the engine does not model) would change shape when rendered. Refusing it
-    keeps the footprint (planned from the tree) and the statement (rendered from it) the same job.
+    The runner executes the rendering; the footprint is planned from the returned tree, so both
+    describe one statement. Opaque parts (function calls the engine does not model) that would change
+    the statement's shape when rendered, or text that does not parse, are refused.
+
+    Raises:
+        JobSpecError: naming ``what``.
     """
     try:
-        same = parse_predicate(to_sql(tree)) == tree
-    except (PredicateError, RecursionError) as exc:
+        text = to_sql(tree)
+        reparsed = parse_predicate(text)
+        same = to_sql(reparsed) == text
+    except (PredicateError, RecursionError, ValueError) as exc:
         raise JobSpecError(f"{what} does not render to SQL that parses back: {exc}") from exc
     if not same:
-        raise JobSpecError(f"{what} does not render to SQL that parses back to the same expression")
+        raise JobSpecError(f"{what} does not render to SQL that parses back to the same statement")
+    return reparsed
+
+
+def _check_canonical_text(text: Any, what: str) -> None:
+    """Clause conditions and ``set`` values are the provider's canonical rendering of a parse tree."""
+    if not isinstance(text, str):
+        raise JobSpecError(f"{what} must be SQL text, got {type(text).__name__}")
+    try:
+        canonical = to_sql(parse_predicate(text))
+    except (PredicateError, RecursionError) as exc:
+        raise JobSpecError(f"{what} is not accepted: {exc}") from exc
+    if canonical != text:
+        raise JobSpecError(f"{what} is not in the provider's rendering ({canonical!r}); build specs with the operators")

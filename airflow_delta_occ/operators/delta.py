@@ -117,7 +117,9 @@ class DeltaBaseOperator(BaseOperator):
             raise JobSpecError(f"conflict_policies: {exc}") from exc
         # One retry decision at both levels: the task-level policy resolves the same layers (platform
         # defaults, then this task's conflict_policies) as the runner's in-job loop.
-        kwargs.setdefault("retry_policy", DeltaConflictRetryPolicy(self.operation, self._policy_overrides))
+        # `partial()` fills retry_policy=None for mapped tasks: None means unset here too.
+        if kwargs.get("retry_policy") is None and (kwargs.get("default_args") or {}).get("retry_policy") is None:
+            kwargs["retry_policy"] = DeltaConflictRetryPolicy(self.operation, self._policy_overrides)
         _default_retries(kwargs, kwargs.get("default_args"))
         super().__init__(**kwargs)
         self.table = table
@@ -132,10 +134,14 @@ class DeltaBaseOperator(BaseOperator):
     @classmethod
     def partial(cls, **kwargs: Any) -> Any:
         """Mapped Delta tasks get the provider's default ``retries`` too (the scheduler reads it here)."""
-        from airflow.sdk.definitions._internal.contextmanager import DagContext
+        from airflow.sdk.bases.operator import get_merged_defaults
+        from airflow.sdk.definitions._internal.contextmanager import DagContext, TaskGroupContext
 
         dag = kwargs.get("dag") or DagContext.get_current()
-        _default_retries(kwargs, {**(getattr(dag, "default_args", None) or {}), **(kwargs.get("default_args") or {})})
+        group = kwargs.get("task_group") or (TaskGroupContext.get_current(dag) if dag else None)
+        defaults, _ = get_merged_defaults(dag=dag, task_group=group, task_params=None,
+                                          task_default_args=kwargs.get("default_args"))
+        _default_retries(kwargs, defaults)
         return super().partial(**kwargs)
 
     # -- building the job -------------------------------------------------------------------------
@@ -176,7 +182,14 @@ class DeltaBaseOperator(BaseOperator):
         # Task SDK computes it for reschedules). Clamped, in case retries changed since.
         first_try = 1
         if max_tries is not None:
-            first_try = max(1, min(try_number, int(max_tries) - int(self.retries or 0) + 1))
+            first_try = int(max_tries) - int(self.retries or 0) + 1
+            if not 1 <= first_try <= try_number:
+                # retries changed in the DAG file since Airflow set max_tries: the series cannot be
+                # told apart, and guessing could write twice or skip a clear's redo.
+                raise JobSpecError(
+                    f"cannot tell which series of tries this is: max_tries={max_tries} and retries={self.retries} "
+                    f"at try {try_number} (retries changed since the task instance was created or cleared); clear "
+                    "the task to start a new series")
         return RunIdentity(dag_id=ti.dag_id, task_id=ti.task_id, run_id=context["run_id"],
                            map_index=getattr(ti, "map_index", -1), try_number=try_number, first_try=first_try)
 
@@ -309,7 +322,7 @@ class DeltaMergeOperator(DeltaBaseOperator):
     def build_spec(self, snapshot: Snapshot, run: RunIdentity) -> JobSpec:
         on = parse_expression(self.merge_condition, "merge_condition")
         pfilter = self._partition_filter(snapshot)
-        confined = pfilter.to_sql(self.target_alias) or None
+        confined = pfilter.to_expr(self.target_alias)
         condition = conjoin_exprs(on, pfilter.to_expr(self.target_alias))
         self._check_constrained(snapshot, condition, self.target_alias)
         clauses = []
@@ -317,9 +330,10 @@ class DeltaMergeOperator(DeltaBaseOperator):
         source_prefix = f"{render_identifier(self.source_alias)}."
         for i, c in enumerate(check_clauses(self.clauses)):
             kind = c["kind"]
-            cond = render_expression(c["condition"], f"clauses[{i}].condition") if c.get("condition") else None
-            if kind.startswith("not_matched_by_source") and confined:
-                cond = conjoin(confined, cond)  # rows of other partitions are "not matched by source" too
+            tree = parse_expression(c["condition"], f"clauses[{i}].condition") if c.get("condition") else None
+            if kind.startswith("not_matched_by_source"):  # rows of other partitions are "not matched by source" too
+                tree = conjoin_exprs(confined, tree)
+            cond = to_sql(tree) if tree is not None else None
             values: dict[str, str] = {}
             for key, value in (c.get("set") or {}).items():
                 name = column_name(snapshot, key, f"clauses[{i}].set")

@@ -387,3 +387,16 @@ def test_rendering_parses_back_to_the_same_tree_and_keeps_an_injected_conjunct_o
 ])
 def test_canonical_rendering(text: str, canonical: str) -> None:
     assert to_sql(parse_predicate(text)) == canonical
+
+
+@pytest.mark.parametrize("text", ["true BETWEEN 1 AND 2", "1 < TRUE", "TRUE = 1"])
+def test_booleans_compared_with_numbers_are_not_guessed(text: str) -> None:
+    """Spark casts the boolean (TRUE = 1 is true); the engine keeps such a comparison unknown, never
+    folds it to a constant and never raises a raw TypeError."""
+    from airflow_delta_occ.engine.expressions import has_unknown
+    from airflow_delta_occ.engine.predicates import bind
+    from airflow_delta_occ.engine.schema import parse_schema
+
+    schema = parse_schema('{"type": "struct", "fields": [{"name": "id", "type": "long", "nullable": true, '
+                          '"metadata": {}}]}')
+    assert has_unknown(bind(parse_predicate(text), schema))

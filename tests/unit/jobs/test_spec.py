@@ -64,7 +64,7 @@ def test_render_expression_and_conjoin():
 def test_jobspec_round_trips_as_json():
     spec = JobSpec(operation="merge", target=TableRef(path="/t"), run=RunIdentity("d", "t", "r", 2, 3),
                    source=SourceRef(table="src"), condition=parse_predicate("t.id = s.id"),
-                   clauses=(MergeClause("matched_update", set={"v": "s.v"}), MergeClause("not_matched_insert_all")),
+                   clauses=(MergeClause("matched_update", set={"v": "`s`.`v`"}), MergeClause("not_matched_insert_all")),
                    retry_policies={"ConcurrentAppendException": {"max_attempts": 2}})
     assert JobSpec.from_json(spec.to_json()) == spec
     assert spec.run.app_id == "airflow:d/t/r/2"

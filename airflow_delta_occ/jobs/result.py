@@ -16,13 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from airflow_delta_occ.engine.errors import (
-    ConflictKind,
-    InvalidLiteralError,
-    PredicateSyntaxError,
-    TableNotFoundError,
-    UnknownColumnError,
-)
+from airflow_delta_occ.engine.errors import ConflictKind, TableNotFoundError
 from airflow_delta_occ.exceptions import (
     ConflictFailure,
     ConflictSkipped,
@@ -35,6 +29,7 @@ from airflow_delta_occ.exceptions import (
     StatementRefusedError,
     UnsafeExpressionError,
 )
+from airflow_delta_occ.retry.policy import ConflictRecord
 
 
 class JobStatus(StrEnum):
@@ -45,17 +40,6 @@ class JobStatus(StrEnum):
     CONFLICT = "conflict"    # a conflict whose policy fails, or whose attempts ran out
     REJECTED = "rejected"    # the job's input was refused (never retried)
     ERROR = "error"          # anything else (left to Airflow's retries)
-
-
-@dataclass(frozen=True)
-class ConflictSeen:
-    """One conflict the job met: attempt, kind, Delta's message, what the policy did, backoff (s)."""
-
-    attempt: int
-    kind: ConflictKind
-    message: str
-    action: str
-    delay: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -77,7 +61,7 @@ class JobResult:
     already_committed: bool = False
     metrics: Mapping[str, str] = field(default_factory=dict)
     attempts: int = 0
-    conflicts: tuple[ConflictSeen, ...] = ()
+    conflicts: tuple[ConflictRecord, ...] = ()
     dropped_source_rows: int = 0
     run_seconds: float = 0.0
     wait_seconds: float = 0.0
@@ -116,7 +100,7 @@ class JobResult:
             data = json.loads(text) if isinstance(text, str) else dict(text)
             if not isinstance(data, dict):
                 raise TypeError("a JobResult is a JSON object")
-            conflicts = tuple(ConflictSeen(**c) for c in data.pop("conflicts", None) or ())
+            conflicts = tuple(ConflictRecord(**c) for c in data.pop("conflicts", None) or ())
             seen = tuple(replace(c, kind=ConflictKind(c.kind)) for c in conflicts)
             return cls(**data, conflicts=seen)
         except (TypeError, ValueError, RecursionError) as exc:
@@ -165,10 +149,9 @@ def _source_outside(message: str, result: JobResult) -> Exception:
 REFUSALS: Mapping[str, Callable[[str, JobResult], Exception]] = {
     **{cls.__name__: _by_message(cls) for cls in (
         JobSpecError, PartitionSpecError, MissingPartitionConstraintError, UnsafeExpressionError,
-        SourceNotFoundError, StatementRefusedError, PredicateSyntaxError, UnknownColumnError, InvalidLiteralError)},
+        SourceNotFoundError, StatementRefusedError)},
     SourceOutsidePartitionsError.__name__: _source_outside,
     TableNotFoundError.__name__: _table_not_found,
 }
-REFUSED_TYPES: tuple[type[BaseException], ...] = (JobSpecError, SourceNotFoundError, TableNotFoundError,
-                                                 PredicateSyntaxError, UnknownColumnError, InvalidLiteralError)
+REFUSED_TYPES: tuple[type[BaseException], ...] = (JobSpecError, SourceNotFoundError, TableNotFoundError)
 """What the runner reports as ``rejected`` (never retried); their class names are keys of ``REFUSALS``."""

@@ -24,25 +24,19 @@ from airflow_delta_occ.engine.errors import (
     InvalidCommitError,
     LogCorruptError,
     PredicateError,
-    TableNotFoundError,
     UnsupportedProtocolError,
 )
-from airflow_delta_occ.exceptions import (
-    ConflictFailure,
-    JobSpecError,
-    ProviderConfigError,
-    SourceNotFoundError,
-)
+from airflow_delta_occ.exceptions import ConflictFailure, ProviderConfigError
+from airflow_delta_occ.jobs.result import REFUSED_TYPES
 
 from .classify import ADVICE, ConflictKind, classify_conflict
 from .policy import Action, ConflictPolicy, policies_for
 
-# Retrying cannot fix these: bad job input (every JobSpecError), a missing table or source, a table
-# this engine cannot read, a malformed log (Delta's commit files are written once, atomically), bad
-# and bad provider configuration.
+# Retrying cannot fix these: what the runner refuses (bad job input, a missing table or source), a
+# condition the engine cannot read, a table this engine cannot read, a malformed log (Delta's commit
+# files are written once, atomically), and bad provider configuration.
 NOT_RETRIABLE: tuple[type[BaseException], ...] = (
-    JobSpecError, PredicateError, TableNotFoundError, SourceNotFoundError, UnsupportedProtocolError,
-    InvalidCommitError, LogCorruptError, ProviderConfigError)
+    *REFUSED_TYPES, PredicateError, UnsupportedProtocolError, InvalidCommitError, LogCorruptError, ProviderConfigError)
 
 
 class DeltaConflictRetryPolicy(RetryPolicy):

@@ -28,6 +28,8 @@ _TEXT = re.compile(
     rf"|\[({'|'.join(_BY_ERROR_CLASS)})[\].]"
 )
 
+_PARTITION = re.compile(r"\bpartition \[([^\]\n]{1,500})\]")
+
 ADVICE: Mapping[ConflictKind, str] = {
     ConflictKind.APPEND: (
         "a concurrent commit added files where this job reads: constrain the job to its partitions "
@@ -124,9 +126,12 @@ def conflict_failure(kind: ConflictKind, attempts: int, cause: BaseException | s
 
     The message is built once, here, where the conflict happened; every mode carries it unchanged.
     """
-    text = str(cause).strip()
-    first_line = text.splitlines()[0][:500] if text else type(cause).__name__
-    return ConflictFailure(f"{kind.value} after {attempts} attempt(s): {first_line}. To avoid it: {ADVICE[kind]}",
+    # Built from the kind and the partition Delta names, not from Spark's text, which differs between
+    # classic pyspark, raw Py4J errors and Spark Connect (and names the table's own path): the same
+    # conflict reads the same in every mode. Spark's full text is in the job's result and log.
+    partition = _PARTITION.search(str(cause))
+    where = f" in partition [{partition.group(1)}]" if partition else ""
+    return ConflictFailure(f"{kind.value} after {attempts} attempt(s){where}. To avoid it: {ADVICE[kind]}",
                            kind=kind, attempts=attempts)
 
 

@@ -35,10 +35,12 @@ from airflow_delta_occ.exceptions import (
     SourceOutsidePartitionsError,
     StatementRefusedError,
 )
-from airflow_delta_occ.jobs.result import REFUSED_TYPES, ConflictSeen, JobResult, JobStatus
+from airflow_delta_occ.jobs.result import REFUSED_TYPES, JobResult, JobStatus
 from airflow_delta_occ.jobs.spec import JobSpec
 from airflow_delta_occ.jobs.sql import statement_sql, target_sql
+from airflow_delta_occ.retry.classify import classify_conflict
 from airflow_delta_occ.retry.policy import RetryOutcome, policies_for, run_with_policies
+from airflow_delta_occ.spark import errors as spark_errors
 from airflow_delta_occ.spark.session import INHERITED_CONNECT_ENV
 
 RESULT_PREFIX = "DELTA_OCC_RESULT "
@@ -57,10 +59,12 @@ def _check_target(session: Any, spec: JobSpec) -> int:
     """The target's current version; a typed error when it is not a Delta table."""
     try:
         return int(session.sql(f"DESCRIBE HISTORY {target_sql(spec)} LIMIT 1").collect()[0]["version"])
-    except Exception as exc:  # AnalysisException in classic and Connect alike
+    except Exception as exc:
+        if not spark_errors.is_analysis_error(exc):  # an outage, not a missing table: left to retries
+            raise
         from airflow_delta_occ.engine.errors import TableNotFoundError
 
-        raise TableNotFoundError(spec.target.label, str(exc).splitlines()[0]) from exc
+        raise TableNotFoundError(spec.target.label, spark_errors.message(exc)) from exc
 
 
 def read_source(session: Any, spec: JobSpec) -> Any:
@@ -78,8 +82,10 @@ def read_source(session: Any, spec: JobSpec) -> Any:
         with _active(session):
             return df.localCheckpoint(eager=True)
     except Exception as exc:
+        if not spark_errors.is_analysis_error(exc):  # an outage, not a missing source: left to retries
+            raise
         label = src.path or src.table or "query"
-        raise SourceNotFoundError(f"cannot read source {label!r}: {str(exc).splitlines()[0]}") from exc
+        raise SourceNotFoundError(f"cannot read source {label!r}: {spark_errors.message(exc)}") from exc
 
 
 SAMPLE_ROWS = 5
@@ -130,6 +136,16 @@ def _plain_values(values: dict[str, Any]) -> str:
 
 
 def _execute_once(session: Any, spec: JobSpec, source: Any, source_view: str | None) -> None:
+    """One attempt; Spark refusing the statement (not a conflict) is ``StatementRefusedError``."""
+    try:
+        _write(session, spec, source, source_view)
+    except Exception as exc:
+        if classify_conflict(exc) is None and spark_errors.is_analysis_error(exc):
+            raise StatementRefusedError(f"Spark refused the job's statement: {spark_errors.message(exc)}") from exc
+        raise
+
+
+def _write(session: Any, spec: JobSpec, source: Any, source_view: str | None) -> None:
     sql = statement_sql(spec, source_view)
     if sql is not None:
         session.sql(sql).collect()
@@ -173,7 +189,7 @@ def run_job(spark: Any, spec: JobSpec, *, sleep: Any = time.sleep) -> JobResult:
                                   "already_committed": bool(commit and not commit["new"])}
     except Exception as exc:  # every outcome of the job becomes a status (decoded by raise_for_status)
         fields = _failure(exc)
-    conflicts = tuple(ConflictSeen(c.attempt, c.kind, c.message, c.action, c.delay) for c in outcome.conflicts)
+    conflicts = tuple(outcome.conflicts)
     return JobResult(table=spec.target.label, operation=spec.operation, condition=spec.condition_sql,
                      partition_filter=spec.partition_filter_sql, attempts=outcome.attempts, conflicts=conflicts,
                      run_seconds=round(time.monotonic() - started, 3),
@@ -187,30 +203,14 @@ def _failure(exc: Exception) -> dict[str, Any]:
         return {"status": JobStatus.SKIPPED, "error": str(exc), "conflict": exc.kind}
     if isinstance(exc, ConflictFailure):
         return {"status": JobStatus.CONFLICT, "error": str(exc), "conflict": exc.kind}
-    if _is_analysis_error(exc):  # Spark refused the statement: an unknown column, a type mismatch
-        exc = StatementRefusedError(f"Spark refused the job's statement: {_first_line(exc)}")
     if isinstance(exc, REFUSED_TYPES):
         refused = {"count": exc.count, "samples": list(exc.samples)} \
             if isinstance(exc, SourceOutsidePartitionsError) else {}
         return {"status": JobStatus.REJECTED, "error": str(exc), "error_type": type(exc).__name__,
                 "refused": refused}
     traceback.print_exception(exc)  # the driver log (and the task log, embedded) keeps the whole story
-    return {"status": JobStatus.ERROR, "error": f"{type(exc).__name__}: {_first_line(exc)}",
+    return {"status": JobStatus.ERROR, "error": f"{type(exc).__name__}: {spark_errors.message(exc)}",
             "error_type": type(exc).__name__}
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:2000] if text else type(exc).__name__
-
-
-def _is_analysis_error(exc: BaseException) -> bool:
-    """An ``AnalysisException`` from a classic or a Connect session (both share pyspark's base class)."""
-    try:
-        from pyspark.errors import AnalysisException
-    except ImportError:  # pragma: no cover - the runner always has pyspark
-        return False
-    return isinstance(exc, AnalysisException)
 
 
 def _run(spark: Any, spec: JobSpec, outcome: RetryOutcome, progress: dict[str, Any], sleep: Any,
@@ -308,6 +308,10 @@ def main(argv: list[str] | None = None) -> int:
 
         _forget_inherited_connect_client()
         spark = SparkSession.builder.getOrCreate()
+        try:  # conflicts arrive as delta.exceptions classes, as in the embedded session
+            import delta.exceptions.captured  # noqa: F401
+        except ImportError:
+            pass
     result = run_job(spark, spec)
     print(RESULT_PREFIX + result.to_json(), flush=True)
     return EXIT_CODES[result.status]

@@ -216,16 +216,17 @@ def test_the_same_failure_raises_the_same_error_in_every_mode(spark: Any, tmp_pa
     from airflow_delta_occ.retry.airflow import DeltaConflictRetryPolicy
 
     outcomes: dict[str, dict[str, tuple[str, str]]] = {}
-    for mode in ("embedded", "spark-submit", "connect"):
+    for i, mode in enumerate(("embedded", "spark-submit", "connect")):
         runner = _hook_runner(_delta_conn(mode, request, monkeypatch))
-        sales = create_sales(spark, str(tmp_path / mode / "sales"))
-        src = source(spark, tmp_path / mode, "de", [(1, 11, "2024-01-01", "DE")])
+        home = tmp_path / f"mode{i}"  # paths of one length: Spark's messages give positions in the statement
+        sales = create_sales(spark, str(home / "sales"))
+        src = source(spark, home, "de", [(1, 11, "2024-01-01", "DE")])
         missing = merge_spec(sales, "/nonexistent/landing/de", "DE", f"missing-{mode}", {})
         unknown = merge_spec(sales, src, "DE", f"unknown-{mode}", {}, merge_condition="t.id = s.no_such_column")
         before = DeltaLog.for_table(sales).latest_version()
         outcomes[mode] = {"missing source": _outcome(lambda: runner(spark, missing)),  # noqa: B023
                           "unknown column": _outcome(lambda: runner(spark, unknown))}  # noqa: B023
-        fr = source(spark, tmp_path / mode, "fr", [(3, 33, "2024-01-01", "FR")])
+        fr = source(spark, home, "fr", [(3, 33, "2024-01-01", "FR")])
         race, _ = race_merges(spark, sales, src, fr, None, None, {"ConcurrentAppendException": "fail"}, run_a=runner)
         assert race.a_error is not None and race.b_error is None
         outcomes[mode]["fail-policy conflict"] = (type(race.a_error).__name__, str(race.a_error))

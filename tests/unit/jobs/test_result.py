@@ -16,8 +16,9 @@ from airflow_delta_occ.exceptions import (
     SourceOutsidePartitionsError,
     StatementRefusedError,
 )
-from airflow_delta_occ.jobs.result import ConflictSeen, JobResult, JobStatus
+from airflow_delta_occ.jobs.result import JobResult, JobStatus
 from airflow_delta_occ.retry.classify import ConflictKind, conflict_failure
+from airflow_delta_occ.retry.policy import ConflictRecord
 
 pytestmark = pytest.mark.unit
 
@@ -28,7 +29,7 @@ def result(**kw: object) -> JobResult:
 
 def test_round_trips_through_json_with_typed_conflicts() -> None:
     done = result(status=JobStatus.SUCCESS, version=7, attempts=2, metrics={"numTargetRowsUpdated": "3"},
-                  conflicts=(ConflictSeen(1, ConflictKind.APPEND, "files were added", "retry", 0.5),))
+                  conflicts=(ConflictRecord(1, ConflictKind.APPEND, "files were added", "retry", 0.5),))
     back = JobResult.from_json(done.to_json())
     assert back == done and back.conflicts[0].kind is ConflictKind.APPEND
     assert back.raise_for_status() is back

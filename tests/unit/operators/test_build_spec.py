@@ -140,3 +140,30 @@ def test_the_series_of_tries_follows_airflow_clears(max_tries: int, try_number: 
     other_series = RunIdentity("sales", "d", "r", first_try=first_try + 1)
     assert not other_series.tagged(run.user_metadata()) and other_series.app_id != run.app_id
 
+
+
+def test_a_series_that_cannot_be_told_apart_fails_instead_of_guessing() -> None:
+    """retries changed in the DAG file since Airflow set max_tries: guessing the series could write twice
+    (a retry taken for a new series) or skip a clear's redo; the task fails and asks for a clear."""
+    op = DeltaDeleteOperator(task_id="d", table="/t", where="id = 1", retries=1)
+    ti = SimpleNamespace(dag_id="sales", task_id="d", map_index=-1, try_number=2, max_tries=3)  # created with 3
+    with pytest.raises(JobSpecError, match="clear the task"):
+        op._run_identity({"ti": ti, "run_id": "r"})
+
+
+def test_mapped_tasks_get_the_delta_retry_policy_when_unmapped() -> None:
+    import datetime as dt
+
+    from airflow.sdk import DAG
+
+    from airflow_delta_occ.retry.airflow import DeltaConflictRetryPolicy
+
+    with DAG("mapped", schedule=None, start_date=dt.datetime(2024, 1, 1)):
+        mapped = DeltaDeleteOperator.partial(task_id="d", table="/t", partitions=DE,
+                                             conflict_policies={"MetadataChangedException": "fail"}) \
+            .expand(where=["id = 1", "id = 2"])
+    # What the worker runs: the operator built from the partial kwargs (retry_policy=None among them).
+    op = DeltaDeleteOperator(**{k: v for k, v in mapped.partial_kwargs.items() if k not in ("dag", "task_group")},
+                             task_id="d2", where="id = 1")
+    assert isinstance(op.retry_policy, DeltaConflictRetryPolicy)
+    assert op.retry_policy.overrides == {"MetadataChangedException": {"action": "fail"}}

@@ -33,22 +33,38 @@ def _java_class_names(java: Any) -> list[str]:
     return names
 
 
+def _chain(exc: BaseException) -> list[BaseException]:
+    """The exception and what it was raised from or during (pyspark raises a second Py4J error while
+    converting a Delta analysis error; the first one, with the real JVM exception, is its context)."""
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and all(current is not s for s in seen) and len(seen) < 20:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
+
+
+def _analysis_java(exc: BaseException) -> Any:
+    for link in _chain(exc):
+        java = _java_exception(link)
+        if java is not None and ANALYSIS_EXCEPTION in _java_class_names(java):
+            return java
+    return None
+
+
 def is_analysis_error(exc: BaseException) -> bool:
     """Spark refused a statement when analysing it (classic, Connect, or a raw Py4J error)."""
     try:
         from pyspark.errors import AnalysisException
     except ImportError:  # pragma: no cover - the runner always has pyspark
         return False
-    if isinstance(exc, AnalysisException):
-        return True
-    java = _java_exception(exc)
-    return java is not None and ANALYSIS_EXCEPTION in _java_class_names(java)
+    return any(isinstance(link, AnalysisException) for link in _chain(exc)) or _analysis_java(exc) is not None
 
 
 def message(exc: BaseException) -> str:
     """The first line of Spark's own message, without pyspark's wrapping or the Connect class prefix."""
     text = ""
-    java = _java_exception(exc)
+    java = _analysis_java(exc) or _java_exception(exc)
     if java is not None:  # the JVM's message, which pyspark may have failed to render
         try:
             text = str(java.getMessage() or "")

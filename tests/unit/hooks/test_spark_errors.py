@@ -51,3 +51,28 @@ def test_conflict_messages_do_not_depend_on_how_spark_worded_them() -> None:
     assert str(one) == str(two)
     assert str(one).startswith("ConcurrentAppendException after 1 attempt(s) in partition [date=2024-01-01, "
                                "country=FR]. To avoid it:")
+
+
+def test_the_real_error_is_found_behind_a_failed_conversion() -> None:
+    """pyspark fails to render Delta's error class and raises a second Py4J error while handling the
+    first; the message comes from the first one's JVM exception."""
+
+    class _Internal:
+        def getClass(self) -> _JavaClass:
+            return _JavaClass("org.apache.spark.SparkException")
+
+        def getMessage(self) -> str:
+            return "[INTERNAL_ERROR] Cannot find main error class 'DELTA_MERGE_UNRESOLVED_EXPRESSION'"
+
+    class ConversionFailed(Exception):
+        java_exception = _Internal()
+
+    try:
+        try:
+            raise Py4JJavaError("An error occurred while calling o39.sql.")
+        except Py4JJavaError:
+            raise ConversionFailed("An error occurred while calling SparkThrowableHelper.getMessage") from None
+    except ConversionFailed as exc:
+        failed = exc
+    assert failed.__context__ is not None  # `from None` hides it from tracebacks, not from __context__
+    assert errors.is_analysis_error(failed) and errors.message(failed) == TEXT

@@ -3,9 +3,10 @@
 Every scenario is a task of one run of ``tests/airflow/dags/delta_occ_task_retries.py``, run by
 ``airflow dags test``: Airflow's task runner, its retry policy handling and its retry scheduling
 (``retry_delay``, a policy's delay override), one task at a time in one process, so one embedded
-Spark application with delta-spark serves all tasks. The conflicts are real: a gate LogStore
-(``gate/ArmedGateLogStore.java``) holds a task's commit while another writer commits to the same
-table, and delta-spark's own conflict check decides. Then the append task is cleared with
+Spark application with delta-spark serves all tasks. The conflicts are real: the gate LogStore of
+the spark tier (``tests/spark/differential/GateLogStore.java``, armed from a file here; its jar from
+``harness.gate_jar()``) holds a task's commit while another writer commits to the same table, and
+delta-spark's own conflict check decides. Then the append task is cleared with
 ``airflow tasks clear`` and a scheduler (LocalExecutor, with the API server) runs it again in the
 same DAG run (``dags test`` would start a new run with a new run_id instead).
 
@@ -16,8 +17,6 @@ logs, the Delta logs (read by the engine) and the tables' rows (read from their 
 
 from __future__ import annotations
 
-import glob
-import hashlib
 import json
 import os
 import re
@@ -25,9 +24,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import time
-import zipfile
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -36,13 +33,14 @@ from urllib.parse import unquote
 
 import pytest
 
+from airflow_delta_occ.demo import free_port
 from airflow_delta_occ.engine import DeltaLog
 
+from ..spark.differential.harness import gate_jar
 from .conftest import AIRFLOW
 
 HERE = Path(__file__).resolve().parent
 DAGS = HERE / "dags"
-GATE_SOURCE = HERE / "gate" / "ArmedGateLogStore.java"
 DAG_ID = "delta_occ_task_retries"
 LOGICAL_DATE = "2024-01-01T00:00:00+00:00"
 TASK_RETRIES = 3  # [delta_occ] task_retries, set by environment variable; the provider's default is 2
@@ -51,46 +49,7 @@ FINISHED = {"success", "failed", "skipped", "upstream_failed"}
 DELTA_TASKS = ("merge_exhausted", "merge_fail_policy", "bad_partitions", "append_then_lost")
 
 
-# -- building the gate LogStore -------------------------------------------------------------------
-def gate_jar() -> str:
-    """Compile ``ArmedGateLogStore.java`` against the cached Delta and Spark jars (once per source version)."""
-    import pyspark
-
-    from airflow_delta_occ.spark.session import ivy_dir
-
-    digest = hashlib.sha256(GATE_SOURCE.read_bytes()).hexdigest()[:16]
-    jar = Path(ivy_dir()).parent / "gate" / f"armed-gate-logstore-{digest}.jar"
-    if jar.exists():
-        return str(jar)
-    pattern = os.path.join(ivy_dir(), "jars", "io.delta_delta-storage-*.jar")
-    if not glob.glob(pattern):  # a fresh machine: fill the Ivy cache first
-        subprocess.run([sys.executable, "-m", "airflow_delta_occ.spark.session", "--resolve-jars"], check=True)
-    storage = glob.glob(pattern)
-    assert storage, f"delta-storage jar not found ({pattern})"
-    classpath = os.pathsep.join([*storage, os.path.join(os.path.dirname(pyspark.__file__), "jars", "*")])
-    with tempfile.TemporaryDirectory(prefix="armed-gate-") as build:
-        subprocess.run(["javac", "-d", build, "-cp", classpath, str(GATE_SOURCE)], check=True, capture_output=True,
-                       text=True)
-        jar.parent.mkdir(parents=True, exist_ok=True)
-        tmp = jar.with_name(f"{jar.name}.{os.getpid()}.tmp")
-        with zipfile.ZipFile(tmp, "w") as zf:
-            for root, _, files in os.walk(build):
-                for name in files:
-                    full = os.path.join(root, name)
-                    zf.write(full, os.path.relpath(full, build))
-        os.replace(tmp, jar)
-    return str(jar)
-
-
 # -- reading what Airflow recorded ----------------------------------------------------------------
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _query(db: Path, sql: str, *params: Any) -> list[dict[str, Any]]:
     """Rows of the metadata database (read-only; retried while the scheduler holds a write lock)."""
     for attempt in range(20):
@@ -204,7 +163,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     work = tmp_path_factory.mktemp("task_retries")
     home, lake = work / "airflow", work / "lake"
     home.mkdir()
-    api_port = _free_port()
+    api_port = free_port()
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -216,8 +175,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         "AIRFLOW__CORE__PARALLELISM": "2",
         "AIRFLOW__API__PORT": str(api_port),
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://localhost:{api_port}/execution/",
-        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(_free_port()),
-        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(_free_port()),
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
         "AIRFLOW__DELTA_OCC__TASK_RETRIES": str(TASK_RETRIES),
         "DELTA_OCC_TEST_ROOT": str(lake),
         "DELTA_OCC_TEST_GATE_JAR": gate_jar(),

@@ -16,7 +16,8 @@ Every scenario is a task of one DAG run; each starts its own embedded Spark sess
 None of the Delta tasks sets ``retries``: they get ``[delta_occ] task_retries``.
 
 Environment: ``DELTA_OCC_TEST_ROOT`` (tables and the gate directory) and ``DELTA_OCC_TEST_GATE_JAR``
-(the compiled ``tests/airflow/gate/ArmedGateLogStore.java``; without it no task is held).
+(the compiled ``tests/spark/differential/GateLogStore.java``, from ``harness.gate_jar()``; without it
+no task is held). The gate is armed from files in the gate directory (Hadoop conf ``occ.armed.dir``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ TABLES = {name: str(ROOT / name) for name in ("exhausted", "fail_policy", "appen
 GATE_JAR = os.environ.get("DELTA_OCC_TEST_GATE_JAR")
 SPARK_CONF = {
     "spark.jars": GATE_JAR,
-    "spark.delta.logStore.class": "airflowdeltaocc.testing.ArmedGateLogStore",
+    "spark.delta.logStore.class": "airflowdeltaocc.testing.GateLogStore",
     "spark.hadoop.occ.armed.dir": str(GATE_DIR),
     # Otherwise the held commit keeps the table's commit lock and the concurrent writer cannot commit.
     "spark.databricks.delta.commitLock.enabled": "false",

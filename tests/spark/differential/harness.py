@@ -1,10 +1,13 @@
 """Run two real delta-spark transactions with a fixed interleaving: A reads, B commits, A commits.
 
-``GateLogStore`` (Java, compiled here on first use and cached by source hash) holds the commit of
-any transaction whose ``commitInfo.userMetadata`` carries a gate token. A runs in a thread with
-the token set on its own SparkSession; once A is held, B runs to completion in the main thread;
+``GateLogStore`` (Java, compiled by ``gate_jar()`` on first use and cached by source hash) holds the
+commit of any transaction whose ``commitInfo.userMetadata`` carries a gate token. A runs in a thread
+with the token set on its own SparkSession; once A is held, B runs to completion in the main thread;
 then A is released and delta-spark's real conflict checker decides A's fate. The lines A tried to
 commit are captured at the gate, so the engine can be fed exactly what A staged.
+
+The same class can also be armed from a file (Hadoop conf ``occ.armed.dir``, see the Java source);
+tests/airflow uses that, with the jar from ``gate_jar()``. Importing this module starts no Spark.
 """
 
 from __future__ import annotations
@@ -34,8 +37,13 @@ CLASS_NAME = "airflowdeltaocc.testing.GateLogStore"
 GATE_DIR = os.path.join(tempfile.gettempdir(), "airflow-delta-occ-gates")
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 
+
 def gate_jar() -> str:
-    """Compile ``GateLogStore.java`` against the cached Delta and Spark jars (once per source version)."""
+    """The path of ``GateLogStore.java`` compiled against the cached Delta and Spark jars.
+
+    The jar is named by the source's hash: it is built once per source version and reused (also by
+    other processes) while the source is unchanged. Needs no running Spark.
+    """
     import pyspark
 
     with open(SOURCE, "rb") as fh:
@@ -53,7 +61,9 @@ def gate_jar() -> str:
     classpath = os.pathsep.join([*storage, os.path.join(os.path.dirname(pyspark.__file__), "jars", "*")])
     build = tempfile.mkdtemp(prefix="gate-build-")
     try:
-        subprocess.run(["javac", "-d", build, "-cp", classpath, SOURCE], check=True, capture_output=True, text=True)
+        javac = subprocess.run(["javac", "-d", build, "-cp", classpath, SOURCE], capture_output=True, text=True)
+        if javac.returncode != 0:
+            raise RuntimeError(f"javac failed to compile {SOURCE}:\n{javac.stdout}{javac.stderr}")
         os.makedirs(out_dir, exist_ok=True)
         tmp = f"{jar}.{uuid.uuid4().hex}.tmp"
         with zipfile.ZipFile(tmp, "w") as zf:

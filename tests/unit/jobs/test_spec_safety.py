@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from airflow_delta_occ.engine import DeltaLog, Snapshot
+from airflow_delta_occ.engine import Snapshot
 from airflow_delta_occ.exceptions import JobSpecError
 from airflow_delta_occ.jobs.spec import JobSpec, RunIdentity
 from airflow_delta_occ.operators.delta import (
@@ -19,8 +18,6 @@ from airflow_delta_occ.operators.delta import (
     DeltaUpdateOperator,
 )
 
-from ..engine.logbuilder import LogBuilder, add, commit_info, metadata, protocol
-
 pytestmark = pytest.mark.unit
 RUN = RunIdentity("d", "t", "r")
 DE = {"date": "2024-01-01", "country": "DE"}
@@ -28,11 +25,8 @@ TRUE = {"kind": "literal", "value": {"bool": True}, "type": "boolean"}
 
 
 @pytest.fixture
-def table(tmp_path: Path) -> tuple[str, Snapshot]:
-    b = LogBuilder(tmp_path / "sales")
-    b.commit(commit_info("CREATE TABLE"), protocol(), metadata())
-    b.commit(commit_info(), *(add(f"{c}.parquet", {"date": "2024-01-01", "country": c}) for c in ("DE", "FR")))
-    return str(b.root), DeltaLog.for_table(b.root).snapshot()
+def table(sales_log: tuple[str, Snapshot]) -> tuple[str, Snapshot]:
+    return sales_log
 
 
 def spec_json(op: Any, snapshot: Snapshot) -> dict[str, Any]:

@@ -3,13 +3,12 @@ builds from it, its JSON round trip, the statement it becomes, and the footprint
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from airflow_delta_occ.engine import DeltaLog, Snapshot
+from airflow_delta_occ.engine import Snapshot
 from airflow_delta_occ.engine.expressions import split_conjuncts
 from airflow_delta_occ.engine.planner import Operation, can_conflict
 from airflow_delta_occ.engine.sql_parser import parse_predicate, to_sql
@@ -27,20 +26,14 @@ from airflow_delta_occ.operators.delta import (
     DeltaUpdateOperator,
 )
 
-from ..engine.logbuilder import LogBuilder, add, commit_info, metadata, protocol
-
 pytestmark = pytest.mark.unit
 RUN = RunIdentity("sales", "task", "manual__1")
 DE = {"date": "2024-01-01", "country": "DE"}
 
 
 @pytest.fixture
-def table(tmp_path: Path) -> tuple[str, Snapshot]:
-    b = LogBuilder(tmp_path / "sales")
-    b.commit(commit_info("CREATE TABLE"), protocol(), metadata())
-    b.commit(commit_info(), *(add(f"{c}-{i}.parquet", {"date": "2024-01-01", "country": c})
-                              for c in ("DE", "FR") for i in range(2)))
-    return str(b.root), DeltaLog.for_table(b.root).snapshot()
+def table(sales_log: tuple[str, Snapshot]) -> tuple[str, Snapshot]:
+    return sales_log
 
 
 def operators(path: str) -> dict[str, DeltaBaseOperator]:

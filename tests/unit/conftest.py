@@ -1,0 +1,21 @@
+"""Shared unit fixtures: a small partitioned table whose Delta log is written by hand (no Spark)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from airflow_delta_occ.engine import DeltaLog, Snapshot
+
+from .engine.logbuilder import LogBuilder, add, commit_info, metadata, protocol
+
+
+@pytest.fixture
+def sales_log(tmp_path: Path) -> tuple[str, Snapshot]:
+    """``sales`` partitioned by (date, country): two files in each of DE and FR on 2024-01-01."""
+    b = LogBuilder(tmp_path / "sales")
+    b.commit(commit_info("CREATE TABLE"), protocol(), metadata())
+    b.commit(commit_info(), *(add(f"{c}-{i}.parquet", {"date": "2024-01-01", "country": c})
+                              for c in ("DE", "FR") for i in range(2)))
+    return str(b.root), DeltaLog.for_table(b.root).snapshot()

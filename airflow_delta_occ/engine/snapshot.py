@@ -389,9 +389,13 @@ class Snapshot:
     def files_matching(self, predicate: str | Expr, *, target_alias: str | None = None) -> list[AddFile]:
         """The files a job filtering on ``predicate`` reads: exact on partitions, safe on stats.
 
-        A predicate with any expression outside the supported subset (functions, arithmetic,
-        non-deterministic calls, other tables' columns) selects the whole table: a smaller answer
-        could hide a conflict.
+        A top-level conjunct holding an expression outside the supported subset (functions,
+        arithmetic, non-deterministic calls, another relation's columns such as a MERGE's
+        ``s.id``) is dropped: it may stop the other conjuncts from narrowing further, never widen
+        them, since an AND can only select fewer rows than each of its parts. Such an expression
+        inside an OR makes that whole conjunct unknown, so a predicate with nothing else selects
+        the whole table. This is what Delta records for a MERGE (the target-only conjuncts of its
+        condition) and what its scan prunes by for UPDATE and DELETE.
 
         The split mirrors Delta's scan planning, because the answer must cover what Spark really
         reads: top-level conjuncts over partition columns only prune partitions exactly, and the
@@ -400,12 +404,12 @@ class Snapshot:
         for Delta's data skipping; judging them by partition value would drop files Spark scans.
         """
         expr = self.bind(predicate, target_alias=target_alias)
-        if has_unknown(expr):
-            return self.files()
         partition_names = {name for name, _, _ in self._partition_fields}
         partition_filters: list[Expr] = []
         data_filters: list[Expr] = []
         for conjunct in split_conjuncts(expr):
+            if has_unknown(conjunct):
+                continue  # judged as "may be true": it cannot widen what the other conjuncts select
             (partition_filters if references(conjunct) <= partition_names else data_filters).append(conjunct)
         data_filter = and_(*data_filters) if data_filters else None
         selected: list[AddFile] = []

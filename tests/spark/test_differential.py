@@ -47,6 +47,7 @@ class Op:
     predicate: Callable[[int, bool], str | None]          # the filter the operation reads with
     inserts_into_part: bool = False                       # new rows land only in partition `part`
     app_id: str | None = None                             # txnAppId of an idempotent writer
+    target_alias: str | None = None                       # the MERGE target's alias in `predicate`
 
 
 def _sql(template: str) -> Callable[[Any, str, int, bool], None]:
@@ -83,6 +84,12 @@ OPS = {op.name: op for op in [
        _sql("MERGE INTO {t} AS t USING (SELECT {part} AS id, {part} AS p, 5 AS v) AS s "
             "ON t.id = s.id AND t.p = {part} WHEN MATCHED THEN UPDATE SET v = s.v WHEN NOT MATCHED THEN INSERT *"),
        lambda part, partitioned: f"p = {part}", inserts_into_part=True),
+    # The same MERGE as the planner sees a confined DeltaMergeOperator: the whole ON condition, with the
+    # join conjunct on the source's column (which neither narrows nor widens what Delta records).
+    Op("MERGE_JOIN", Operation.MERGE,
+       _sql("MERGE INTO {t} AS t USING (SELECT {part} AS id, {part} AS p, 5 AS v) AS s "
+            "ON t.id = s.id AND t.p = {part} WHEN MATCHED THEN UPDATE SET v = s.v WHEN NOT MATCHED THEN INSERT *"),
+       lambda part, partitioned: f"t.id = s.id AND t.p = {part}", inserts_into_part=True, target_alias="t"),
     Op("UPDATE", Operation.UPDATE, _sql("UPDATE {t} SET v = v + 1 WHERE p = {part}"),
        lambda part, partitioned: f"p = {part}"),
     Op("DELETE", Operation.DELETE, _sql("DELETE FROM {t} WHERE p = {part} AND id = {part}"),
@@ -166,6 +173,17 @@ SCENARIOS: list[tuple[str, str, bool, bool, str, bool, str | None]] = [
     ("UPDATE", "UPDATE", U, True, WS, DIFF, APPEND),
     ("IDEMPOTENT_APPEND", "IDEMPOTENT_APPEND", P, False, S, DIFF, TXN),
     ("IDEMPOTENT_APPEND", "IDEMPOTENT_APPEND", P, False, WS, DIFF, TXN),
+    # A MERGE with a join condition, confined to its partition, against writers of other partitions and
+    # of its own, under both levels.
+    *[("MERGE_JOIN", b, P, False, level, same, outcome)
+      for level in (S, WS)
+      for b, same, outcome in (("UPDATE", DIFF, OK), ("DELETE", DIFF, OK), ("OPTIMIZE", DIFF, OK),
+                               ("MERGE_JOIN", DIFF, OK), ("UPDATE", SAME, APPEND), ("DELETE", SAME, DELETE_READ),
+                               ("OPTIMIZE", SAME, APPEND), ("MERGE_JOIN", SAME, APPEND))],
+    ("UPDATE", "MERGE_JOIN", P, False, S, DIFF, OK),
+    ("DELETE", "MERGE_JOIN", P, False, S, DIFF, OK),
+    ("OPTIMIZE", "MERGE_JOIN", P, False, S, DIFF, OK),
+    ("MERGE_JOIN", "MERGE_JOIN", U, False, S, DIFF, APPEND),
 ]
 
 # Scenarios where the planner says "conflict" and delta-spark commits, with the reason; mirrored in
@@ -221,7 +239,7 @@ def _engine_outcome(path: str, a: Op, part: int, partitioned: bool, staged: list
         removed = {x["remove"]["path"] for x in staged if "remove" in x}
         txn.track_read([f for f in txn.snapshot.files() if f.path in removed], predicate)  # type: ignore[union-attr]
     elif a.kind not in (Operation.INSERT, Operation.SET_PROPERTIES, Operation.SCHEMA_CHANGE):
-        txn.read_files(predicate)
+        txn.read_files(predicate, target_alias=a.target_alias)
     if a.app_id is not None:
         txn.txn_version(a.app_id)
     txn.stage(*actions)
@@ -266,7 +284,7 @@ def test_engine_and_planner_agree_with_delta_spark(spark: Any, base_tables: Any,
         pinned = [{"p": part}] if op.inserts_into_part and partitioned and op.kind is not Operation.REPLACE_WHERE \
             else None
         return plan_footprint(base, op.kind, op.predicate(part, partitioned), label=op.name, write_partitions=pinned,
-                              app_id=op.app_id,
+                              app_id=op.app_id, target_alias=op.target_alias,
                               properties={"delta.enableDeletionVectors": "true"} if op.name == "ENABLE_DV"
                               else {"team": "x"} if op.kind is Operation.SET_PROPERTIES else None)
 

@@ -41,6 +41,9 @@ PREDICATES = [
     "id IN (3, 77, 1009) OR country = 'FR'",
     "upper(name) = 'LATE'",
     "rand() < 0.5",
+    "rand() < 0.5 AND country = 'DE'",
+    "upper(name) = 'LATE' AND date = '2024-01-01'",
+    "(upper(name) = 'LATE' OR id = 1) AND date IN ('2024-01-02', '2024-01-03')",
 ]
 
 

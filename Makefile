@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-unit test-spark test-airflow lint typecheck bench demo clean
+.PHONY: setup test test-unit test-spark test-airflow test-postgres lint typecheck bench demo clean
 
 setup: $(STAMP)
 
@@ -28,6 +28,9 @@ test-spark: setup
 test-airflow: setup
 	$(PY) -m pytest tests -m airflow
 
+test-postgres: setup
+	$(PY) -m pytest tests -m postgres
+
 lint: setup
 	$(VENV)/bin/ruff check airflow_delta_occ tests benchmarks dags_examples
 
@@ -38,6 +41,7 @@ typecheck: setup
 bench: setup
 	$(PY) benchmarks/snapshot_load.py
 	$(PY) benchmarks/conflict_check.py
+	$(PY) benchmarks/plan_footprint.py
 
 demo: setup
 	$(PY) -m airflow_delta_occ.demo --dags-folder dags_examples

@@ -19,6 +19,15 @@ class ProviderConfigError(DeltaJobError):
     """An option of the ``[delta_occ]`` config section cannot be used."""
 
 
+class PoolConfigError(ProviderConfigError):
+    """The conflict pool file (``[delta_occ] pool_file``) cannot be read or defines unusable pools.
+
+    Raised when the file is loaded, naming the file and the entry, so a typo fails once instead of
+    leaving a table outside its pool; and by ``PoolConfig.pool_for`` rather than choosing between
+    two pools that match one table.
+    """
+
+
 class JobSpecError(DeltaJobError):
     """The job description is incomplete or contradictory (raised before Spark starts)."""
 
@@ -97,3 +106,22 @@ class SourceOutsidePartitionsError(JobSpecError):
 def _rebuild(cls: type[DeltaJobError], message: str, fields: dict[str, Any]) -> DeltaJobError:
     """Unpickle an error whose constructor takes keyword fields (Airflow may pickle task errors)."""
     return cls(message, **fields)
+
+
+class LeaseError(DeltaJobError):
+    """A conflict pool's lease store refused an operation or could not be reached."""
+
+
+class LeaseLostError(LeaseError):
+    """The lease (or waiting request) is gone: released, or expired because heartbeats stopped.
+
+    A writer that gets this while its job runs no longer holds the pool's protection.
+    """
+
+
+class LeaseOwnershipError(LeaseError):
+    """A task try tried to renew or release a lease another task try owns (a stale or confused holder)."""
+
+
+class LeaseStoreError(LeaseError):
+    """The lease store's database failed or holds rows this provider cannot read."""

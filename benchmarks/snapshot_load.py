@@ -47,6 +47,12 @@ def _add(i: int) -> str:
                                "stats": stats}})
 
 
+def _remove(i: int) -> str:
+    """The remove action for the file ``_add(i)`` wrote: other benchmarks append commits that drop files."""
+    return json.dumps({"remove": {"path": json.loads(_add(i))["add"]["path"], "dataChange": True,
+                                  "deletionTimestamp": 1700000000000}})
+
+
 def _commit(log_dir: Path, version: int, lines: list[str]) -> None:
     info = json.dumps({"commitInfo": {"timestamp": 1700000000000 + version, "operation": "WRITE",
                                       "operationParameters": {"mode": "Append"}, "isBlindAppend": False}})
@@ -69,8 +75,7 @@ def build_table(root: Path, files: int, commits: int) -> int:
         lines = [_add(next_id + k) for k in range(20)]
         next_id += 20
         removed = [(version - 1) * 10 + k for k in range(10)]
-        lines += [json.dumps({"remove": {"path": json.loads(_add(r))["add"]["path"], "dataChange": True,
-                                         "deletionTimestamp": 1700000000000}}) for r in removed]
+        lines += [_remove(r) for r in removed]
         _commit(log_dir, version, lines)
     return next_id
 

@@ -110,6 +110,9 @@ _DELTA_OPERATION_NAME = {
 _DML = frozenset({Operation.MERGE, Operation.UPDATE, Operation.DELETE, Operation.INSERT_SELF_READ})
 _COMPACTIONS = frozenset({Operation.OPTIMIZE, Operation.OPTIMIZE_ZORDER, Operation.MINOR_COMPACT,
                           Operation.MAJOR_COMPACT})
+# Operations that remove (rewrite) the files they select; their new files stay in those partitions.
+REWRITING_OPERATIONS = (_DML - {Operation.INSERT_SELF_READ}) | _COMPACTIONS | {Operation.REPLACE_WHERE,
+                                                                              Operation.OVERWRITE}
 
 
 @dataclass(frozen=True)
@@ -302,6 +305,56 @@ class Verdict:
         return self.conflict
 
 
+@dataclass(frozen=True)
+class TableState:
+    """What a verdict needs of the table besides the two footprints: its version, metadata and protocol.
+
+    A ``Snapshot`` carries these with the file list; a lease carries only this (``to_json``), so a
+    pool can judge footprints planned by other processes without reading the table.
+    """
+
+    version: int
+    metadata: Metadata
+    protocol: Protocol
+
+    @classmethod
+    def of(cls, table: Snapshot | TableState) -> TableState:
+        if isinstance(table, TableState):
+            return table
+        return cls(table.version, table.metadata, table.protocol)
+
+    @property
+    def partition_columns(self) -> tuple[str, ...]:
+        return self.metadata.partition_columns
+
+    @property
+    def deletion_vectors_enabled(self) -> bool:
+        return self.metadata.deletion_vectors_enabled
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON: the version, and metadata and protocol in their Delta log form."""
+        return {"version": self.version, "metadata": action_to_json(self.metadata)[METADATA],
+                "protocol": action_to_json(self.protocol)[PROTOCOL]}
+
+    @classmethod
+    def from_json(cls, data: object) -> TableState:
+        """Rebuild from ``to_json``'s form; the document is untrusted.
+
+        Raises:
+            FootprintDecodeError: not a table state; ``field`` names where.
+        """
+        if not isinstance(data, dict):
+            raise FootprintDecodeError(f"a table state must be an object, got {_json_kind(data)}")
+        version = data.get("version")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise FootprintDecodeError("must be a non-negative integer", field="version")
+        metadata = _action_field(data, "metadata", _metadata_from_json)
+        protocol = _action_field(data, "protocol", Protocol.from_dict)
+        if metadata is None or protocol is None:
+            raise FootprintDecodeError("required field is missing", field="protocol" if metadata else "metadata")
+        return cls(version, metadata, protocol)
+
+
 # -- footprints -----------------------------------------------------------------------------------
 
 def plan_footprint(
@@ -337,8 +390,7 @@ def plan_footprint(
     read_files = {f.path: f.partition_values for f in files}
     if reads_whole_table and reads:
         read_files = {f.path: f.partition_values for f in snapshot.files()}
-    rewrites = op in (_DML - {Operation.INSERT_SELF_READ}) | _COMPACTIONS | {Operation.REPLACE_WHERE,
-                                                                            Operation.OVERWRITE}
+    rewrites = op in REWRITING_OPERATIONS
     removes = {f.path: f.partition_values for f in files} if rewrites else {}
     adds = op not in (Operation.SET_PROPERTIES, Operation.SCHEMA_CHANGE, Operation.CREATE_TABLE)
     # Rewritten files stay in their partitions; inserted rows go where the source sends them.
@@ -350,7 +402,7 @@ def plan_footprint(
         if write_partitions is not None:
             new_rows = {_freeze(_raw_partition(schema, p)) for p in write_partitions}
         elif op is Operation.REPLACE_WHERE and expr is not None:
-            enumerated = _enumerate_partitions(partition_part, schema)
+            enumerated = enumerate_partitions(partition_part, schema)
             new_rows = None if enumerated is None else {_freeze(p) for p in enumerated}
         else:
             new_rows = None
@@ -391,11 +443,15 @@ def _raw_partition(schema: PartitionSchema, values: Mapping[str, Any]) -> dict[s
     return raw
 
 
-def _enumerate_partitions(expr: Expr, schema: PartitionSchema) -> tuple[Mapping[str, str | None], ...] | None:
-    """Every partition a partition filter admits, when it pins each column to a few values."""
+def enumerate_partitions(expr: Expr, schema: PartitionSchema) -> tuple[Mapping[str, str | None], ...] | None:
+    """Every partition (raw values) a partition filter admits, when it pins each column to a few values.
+
+    ``None`` when some column is left open (a range, no condition) or there are more than 4096
+    combinations. A table without partition columns has exactly one partition, ``{}``.
+    """
     per_column: list[list[Any]] = []
     for name, _, _ in schema.fields:
-        values = _pinned_values(expr, name)
+        values = pinned_values(expr, name)
         if values is None:
             return None
         per_column.append(values)
@@ -406,8 +462,8 @@ def _enumerate_partitions(expr: Expr, schema: PartitionSchema) -> tuple[Mapping[
                  for c in combos)
 
 
-def _pinned_values(expr: Expr, column: str) -> list[Any] | None:
-    """Values ``column`` must take for ``expr`` to hold, from top-level ``=``/``IN``/``OR`` of them."""
+def pinned_values(expr: Expr, column: str) -> list[Any] | None:
+    """Values ``column`` must take for ``expr`` to hold, from top-level ``=``/``IN``/``OR`` of them; else ``None``."""
     for conjunct in split_conjuncts(expr):
         values = _values_of(conjunct, column)
         if values is not None:
@@ -467,8 +523,11 @@ def _planned_metadata(op: Operation, snapshot: Snapshot, properties: Mapping[str
 
 # -- verdicts -------------------------------------------------------------------------------------
 
-def can_conflict(a: Footprint, b: Footprint, snapshot: Snapshot, model: Model = "delta") -> Verdict:
-    """Whether ``a`` and ``b`` can conflict in either commit order (what a pool needs)."""
+def can_conflict(a: Footprint, b: Footprint, snapshot: Snapshot | TableState, model: Model = "delta") -> Verdict:
+    """Whether ``a`` and ``b`` can conflict in either commit order (what a pool needs).
+
+    ``snapshot`` may be a ``TableState``: verdicts need the table's metadata and protocol, never its files.
+    """
     first = verdict(winner=a, loser=b, snapshot=snapshot, model=model)
     second = verdict(winner=b, loser=a, snapshot=snapshot, model=model)
     for v in (first, second):
@@ -477,8 +536,10 @@ def can_conflict(a: Footprint, b: Footprint, snapshot: Snapshot, model: Model = 
     return replace(first, reason=f"{first.reason}; {second.reason}", orders=(first.reason, second.reason))
 
 
-def verdict(*, winner: Footprint, loser: Footprint, snapshot: Snapshot, model: Model = "delta") -> Verdict:
+def verdict(*, winner: Footprint, loser: Footprint, snapshot: Snapshot | TableState, model: Model = "delta"
+            ) -> Verdict:
     """Whether ``loser``, committing after ``winner``, fails under ``model``."""
+    snapshot = TableState.of(snapshot)
     if model == "delta":
         return _delta_verdict(winner, loser, snapshot, IsolationLevel.SERIALIZABLE, model)
     if model == "databricks":
@@ -511,7 +572,7 @@ def _actions(fp: Footprint, schema: PartitionSchema) -> tuple[Action, ...]:
     return tuple(actions)
 
 
-def _delta_verdict(winner: Footprint, loser: Footprint, snapshot: Snapshot, default: IsolationLevel,
+def _delta_verdict(winner: Footprint, loser: Footprint, snapshot: TableState, default: IsolationLevel,
                    model: Model) -> Verdict:
     schema = PartitionSchema.of(snapshot.metadata)
     table_level = table_isolation_level(snapshot.metadata, default)
@@ -553,7 +614,7 @@ def _plain(exc: Exception) -> str:
     return text.split("] ", 1)[1] if text.startswith("[") else text
 
 
-def _databricks_verdict(winner: Footprint, loser: Footprint, snapshot: Snapshot) -> Verdict:
+def _databricks_verdict(winner: Footprint, loser: Footprint, snapshot: TableState) -> Verdict:
     model: Model = "databricks"
     meta = snapshot.metadata
     if "delta.identity." in meta.schema_string:
@@ -604,7 +665,7 @@ _MC_LATER_FAILS = {
 }
 
 
-def _maxcompute_verdict(winner: Footprint, loser: Footprint, snapshot: Snapshot) -> Verdict:
+def _maxcompute_verdict(winner: Footprint, loser: Footprint, snapshot: TableState) -> Verdict:
     model: Model = "maxcompute"
     w, lo = _MC_KIND.get(winner.operation), _MC_KIND.get(loser.operation)
     if w is None or lo is None:

@@ -1,0 +1,206 @@
+"""Can two leased jobs conflict? The planner's verdict, made sound for jobs that run later than they were planned.
+
+A footprint lists the files a job would read and rewrite *at the version it was planned at*. A lease
+is about the future: the job reads the table when Spark starts, after other leased jobs may have
+committed, and two footprints in a pool are often planned at different versions. File paths and
+statistics do not survive that: a commit between plan and run can add a file both jobs select, or
+rewrite one into another. Partitions and predicates do survive it. So before the planner judges a
+pair, each footprint is lifted to partition level:
+
+* every partition either footprint mentions (files read, files removed, partitions written, the
+  partitions its filter pins) forms the pair's *known partitions*;
+* a job that reads stands for every file, present or future, of each known partition its
+  partition filter admits; a job that rewrites also removes and rewrites them all;
+* when both jobs' filters leave a partition column open (a range, no filter, a whole-table read)
+  and no column is pinned by both to values they do not share, they may meet in a partition
+  neither knows yet: both then read and rewrite a shared unknown partition, and a rewrite may add
+  files anywhere.
+
+Lifting only adds files and partitions to a footprint, so a pair the planner calls conflicting
+stays conflicting (``tests/unit/pools/test_compare.py`` checks this over every planner scenario),
+and file-level precision (statistics) is given up. Delta's own append check already works on
+partitions, which is why jobs confined to different partitions stay concurrent.
+
+Table metadata can differ between the two plans (a property or schema change committed between
+them): the pair is judged under each table state and conflicts if either says so. A different
+partitioning (a replaced table) is always a conflict.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from airflow_delta_occ.engine.conflicts import PartitionSchema
+from airflow_delta_occ.engine.expressions import TRUE
+from airflow_delta_occ.engine.planner import (
+    REWRITING_OPERATIONS,
+    Footprint,
+    Model,
+    TableState,
+    Verdict,
+    can_conflict,
+    enumerate_partitions,
+    pinned_values,
+)
+from airflow_delta_occ.engine.predicates import evaluate_partition
+from airflow_delta_occ.engine.values import format_partition_value
+
+Partition = tuple[tuple[str, str | None], ...]
+UNKNOWN_PARTITION = "<a partition neither plan knows>"
+
+
+@dataclass(frozen=True)
+class PlannedJob:
+    """A footprint with the table state it was planned at: what one lease request brings to a comparison."""
+
+    footprint: Footprint
+    table: TableState
+
+
+def lease_verdict(a: PlannedJob, b: PlannedJob, model: Model) -> Verdict:
+    """Whether ``a`` and ``b`` can conflict in either commit order, whenever each reads the table."""
+    states = [a.table] if _same_state(a.table, b.table) else [a.table, b.table]
+    if a.table.partition_columns != b.table.partition_columns:
+        return Verdict(True, model, f"the table's partitioning changed between the plans of {a.footprint.label} "
+                       f"(version {a.table.version}) and {b.footprint.label} (version {b.table.version})",
+                       None, a.footprint.label, b.footprint.label)
+    last: Verdict | None = None
+    for state in states:
+        lifted_a, lifted_b = lift_pair(a.footprint, b.footprint, state)
+        last = can_conflict(lifted_a, lifted_b, state, model)
+        if last.conflict:
+            return last
+    assert last is not None
+    return last
+
+
+def compact(fp: Footprint) -> Footprint:
+    """What a lease keeps of a footprint: one entry per partition instead of one per file.
+
+    Lifting (``lift_pair``) looks only at the partitions of the files read and removed, so this loses
+    nothing a lease comparison uses, and keeps a request small on a table of many files.
+    """
+    return replace(fp, read_files=_per_partition(fp.read_files.values()),
+                   removes=_per_partition(fp.removes.values()))
+
+
+def _per_partition(values: Iterable[Mapping[str, str | None]]) -> dict[str, dict[str, str | None]]:
+    return {_file(p): dict(p) for p in sorted({_freeze(pv) for pv in values})}
+
+
+def _same_state(x: TableState, y: TableState) -> bool:
+    return x.metadata == y.metadata and x.protocol == y.protocol
+
+
+def lift_pair(a: Footprint, b: Footprint, table: TableState) -> tuple[Footprint, Footprint]:
+    """Both footprints at partition level over the partitions either knows (see the module docstring)."""
+    schema = PartitionSchema.of(table.metadata)
+    pinned_a, pinned_b = _pinned(a, schema), _pinned(b, schema)
+    known = _partitions_of(a) | _partitions_of(b) | set(pinned_a or ()) | set(pinned_b or ())
+    both_open = (_reads(a) and _reads(b) and pinned_a is None and pinned_b is None
+                 and not _pinned_apart(a, b, schema))
+    return _lift(a, schema, known, both_open), _lift(b, schema, known, both_open)
+
+
+def _reads(fp: Footprint) -> bool:
+    return fp.read_predicate is not None
+
+
+def _pinned_apart(a: Footprint, b: Footprint, schema: PartitionSchema) -> bool:
+    """Whether some partition column is pinned by both filters to sets of values that share none.
+
+    Then no partition, known or not, is admitted by both (``country = 'DE'`` and ``country = 'FR'``
+    never meet, whatever dates exist).
+    """
+    if a.read_whole_table or b.read_whole_table or a.read_predicate is None or b.read_predicate is None:
+        return False
+    for name, _, data_type in schema.fields:
+        values_a, values_b = pinned_values(a.read_predicate, name), pinned_values(b.read_predicate, name)
+        if values_a is None or values_b is None:
+            continue
+        try:
+            raw_a = {format_partition_value(v, data_type) for v in values_a}
+            raw_b = {format_partition_value(v, data_type) for v in values_b}
+        except (ValueError, TypeError, ArithmeticError):
+            continue  # a value that does not format as the column's type: decide nothing from this column
+        if not raw_a & raw_b:
+            return True
+    return False
+
+
+def _pinned(fp: Footprint, schema: PartitionSchema) -> set[Partition] | None:
+    """The partitions a reader's filter pins, or ``None`` when it leaves a column open."""
+    if fp.read_predicate is None:
+        return set()
+    if fp.read_whole_table:
+        return None
+    listed = enumerate_partitions(fp.read_predicate, schema)
+    return None if listed is None else {_freeze(p) for p in listed}
+
+
+def _partitions_of(fp: Footprint) -> set[Partition]:
+    found = {_freeze(pv) for pv in fp.read_files.values()} | {_freeze(pv) for pv in fp.removes.values()}
+    return found | {_freeze(pv) for pv in fp.write_partitions or ()}
+
+
+def _lift(fp: Footprint, schema: PartitionSchema, known: Iterable[Partition], both_open: bool) -> Footprint:
+    if fp.read_predicate is None:
+        return fp  # reads nothing, removes nothing: an append or a metadata change is already exact
+    predicate = TRUE if fp.read_whole_table else fp.read_predicate
+    admitted = sorted(p for p in known if _admits(predicate, schema, p))
+    files = {_file(p): dict(p) for p in admitted}
+    if both_open:
+        files[UNKNOWN_PARTITION] = {}
+    rewrites = fp.operation in REWRITING_OPERATIONS
+    written = fp.write_partitions
+    if rewrites and written is not None:
+        written = None if both_open else _union(written, admitted)
+    return replace(fp, read_files=files, removes=dict(files) if rewrites else {}, write_partitions=written)
+
+
+def _admits(predicate: object, schema: PartitionSchema, partition: Partition) -> bool:
+    """Whether a partition filter may select a partition; a value that does not parse may be selected."""
+    typed = schema.typed(dict(partition))
+    return typed is None or evaluate_partition(predicate, typed) is not False  # type: ignore[arg-type]
+
+
+def _union(written: Iterable[Mapping[str, str | None]], more: Iterable[Partition]) -> tuple[dict[str, str | None], ...]:
+    merged = {_freeze(pv) for pv in written} | set(more)
+    return tuple(dict(p) for p in sorted(merged))
+
+
+def _file(partition: Partition) -> str:
+    return "<every file of partition " + ",".join(f"{k}={v}" for k, v in partition) + ">"
+
+
+def _freeze(values: Mapping[str, str | None]) -> Partition:
+    return tuple(sorted(values.items()))
+
+
+class PairJudge:
+    """``lease_verdict`` with a bounded memo: the arbiter compares the same pairs on every pass.
+
+    Keys are caller-chosen (request id and revision), since a request's footprint never changes under one key.
+    """
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        self._capacity = capacity
+        self._memo: OrderedDict[tuple[object, object, str], Verdict] = OrderedDict()
+
+    def verdict(self, key_a: object, a: PlannedJob, key_b: object, b: PlannedJob, model: Model) -> Verdict:
+        key = (key_a, key_b, model) if repr(key_a) <= repr(key_b) else (key_b, key_a, model)
+        found = self._memo.get(key)
+        if found is not None:
+            self._memo.move_to_end(key)
+            return found
+        try:
+            result = lease_verdict(a, b, model)
+        except Exception as exc:  # a footprint the checker cannot judge must never be granted beside another
+            result = Verdict(True, model, f"could not compare {a.footprint.label} and {b.footprint.label}: {exc}",
+                             None, a.footprint.label, b.footprint.label)
+        self._memo[key] = result
+        if len(self._memo) > self._capacity:
+            self._memo.popitem(last=False)
+        return result

@@ -1,0 +1,266 @@
+"""The lease store contract, and the one algorithm every store runs inside its pool lock.
+
+Invariants every ``LeaseStore`` keeps (``tests/unit/pools/contract.py`` checks each one against every
+store: memory, SQLite, PostgreSQL):
+
+1. **No conflicting holders.** Two leases held at the same time on one table never can conflict
+   (``compare.lease_verdict`` under the pool's model, either commit order).
+2. **Writer limit.** A pool never has more held leases than its ``max_writers``.
+3. **Atomic decisions.** Every operation that can change who holds what (acquire, poll, release,
+   renew, expiry) runs as one database transaction that first takes the pool's lock (a row lock on
+   PostgreSQL, the database write lock on SQLite, a mutex in memory) and decides on the rows it
+   then reads. No decision is made on rows read outside that lock.
+4. **Fairness.** Waiting requests are judged in arrival order (``arbiter.decide``): a request is
+   never overtaken by a later one it conflicts with; one that conflicts with nobody is granted at once.
+5. **Expiry.** A lease or a waiting request whose heartbeat (``renew`` / ``poll``) stopped for its
+   TTL is gone at the next operation on its pool, and recorded as expired or abandoned.
+6. **Ownership.** Only the owner (one task try) can renew, poll or release a request; anybody else
+   gets ``LeaseOwnershipError`` and changes nothing. Release is idempotent: releasing what is gone
+   returns ``False``.
+7. **One request per owner and table.** Acquiring again returns the owner's existing request;
+   a waiting request takes the new footprint (re-planned after the table moved) and keeps its place.
+8. **Audit.** Every request, re-plan, grant, renewal, release, cancel, expiry and abandonment is
+   recorded with the store's time, owner, table and the footprint's summary; a request's and a
+   re-plan's detail is the request's JSON, so any two grants can be re-judged from the audit alone.
+
+Time is the store's clock (the database's, for SQL stores), so hosts with skewed clocks agree on
+expiry.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from airflow_delta_occ.exceptions import LeaseLostError, LeaseOwnershipError
+
+from ..arbiter import Candidate, decide
+from ..compare import PairJudge
+from ..requests import AuditEvent, AuditKind, LeaseRecord, LeaseRequest, LeaseState, LeaseStatus
+
+
+@dataclass(frozen=True)
+class Row:
+    """One live request as stored: the record plus the request it was made with."""
+
+    record: LeaseRecord
+    request: LeaseRequest
+    revision: int = 0       # bumped when a waiter re-plans; part of the judge's memo key
+
+    @property
+    def request_id(self) -> str:
+        return self.record.request_id
+
+
+class PoolTransaction(Protocol):
+    """The storage primitives, valid only inside ``LeaseStore._locked`` (which holds the pool's lock)."""
+
+    now: float
+
+    def rows(self) -> list[Row]:
+        """Every live request of the pool, in arrival order."""
+
+    def next_seq(self) -> int:
+        """The pool's next arrival number."""
+
+    def insert(self, row: Row) -> None: ...
+
+    def update(self, row: Row) -> None:
+        """Replace the row with this ``request_id``."""
+
+    def delete(self, request_id: str) -> None: ...
+
+    def audit(self, event: AuditEvent) -> None: ...
+
+
+class LeaseStore(ABC):
+    """Grants leases on footprints; see the module docstring for the invariants."""
+
+    def __init__(self, *, judge: PairJudge | None = None) -> None:
+        self.judge = judge or PairJudge()
+
+    # -- storage, per store ----------------------------------------------------------------------
+    @abstractmethod
+    def _locked(self, pool: str) -> AbstractContextManager[PoolTransaction]:
+        """One transaction holding ``pool``'s lock; commits on normal exit, rolls back on an exception."""
+
+    @abstractmethod
+    def _locate(self, request_id: str) -> str | None:
+        """The pool of a live request (read without the lock; re-checked under it)."""
+
+    @abstractmethod
+    def records(self, *, pool: str | None = None, table: str | None = None) -> list[LeaseRecord]:
+        """Live requests (held and waiting) in arrival order, optionally of one pool or table."""
+
+    @abstractmethod
+    def history(self, *, pool: str | None = None, table: str | None = None, limit: int = 100) -> list[AuditEvent]:
+        """The newest ``limit`` audit events, oldest first."""
+
+    def close(self) -> None:  # noqa: B027 - a store without connections has nothing to release
+        """Release connections; the store is unusable afterwards."""
+
+    # -- the contract ----------------------------------------------------------------------------
+    def acquire(self, request: LeaseRequest) -> LeaseState:
+        """Queue ``request`` (or find the owner's existing one for the table) and grant it if the rule allows."""
+        request.check()
+        with self._locked(request.pool) as txn:
+            mine = next((r for r in txn.rows() if r.record.table == request.table and r.record.owner == request.owner),
+                        None)
+            if mine is None:
+                record = LeaseRecord(request_id=uuid.uuid4().hex, pool=request.pool, table=request.table,
+                                     owner=request.owner, seq=txn.next_seq(), status=LeaseStatus.WAITING,
+                                     summary=request.summary, requested_at=txn.now, granted_at=None,
+                                     expires_at=txn.now + request.ttl)
+                txn.insert(Row(record, request))
+                self._audit(txn, record, AuditKind.REQUEST, _request_detail(request))
+                request_id = record.request_id
+            else:
+                request_id = mine.request_id
+                if mine.record.status is LeaseStatus.WAITING and mine.request != request:
+                    record = replace(mine.record, summary=request.summary, expires_at=txn.now + request.ttl)
+                    txn.update(Row(record, request, mine.revision + 1))
+                    self._audit(txn, record, AuditKind.REPLAN, _request_detail(request))
+            return self._settle(txn, request_id)
+
+    def poll(self, request_id: str, owner: str) -> LeaseState:
+        """The request's state now; a heartbeat for a waiter. ``GONE`` when it expired or was released.
+
+        Raises:
+            LeaseOwnershipError: ``owner`` does not own the request.
+        """
+        pool = self._locate(request_id)
+        if pool is None:
+            return LeaseState(request_id, LeaseStatus.GONE, checked_at=0.0)
+        with self._locked(pool) as txn:
+            row = self._own(txn, request_id, owner)
+            if row is not None and row.record.status is LeaseStatus.WAITING:
+                txn.update(replace(row, record=replace(row.record, expires_at=txn.now + row.request.ttl)))
+            return self._settle(txn, request_id)
+
+    def renew(self, request_id: str, owner: str) -> LeaseRecord:
+        """Extend a held lease by its TTL (the holder's heartbeat).
+
+        Raises:
+            LeaseLostError: the lease expired or was released (the job no longer has the pool's protection).
+            LeaseOwnershipError: ``owner`` does not own it.
+        """
+        pool = self._locate(request_id)
+        if pool is not None:
+            with self._locked(pool) as txn:
+                self._expire(txn)
+                row = self._own(txn, request_id, owner)
+                if row is not None and row.record.status is LeaseStatus.GRANTED:
+                    record = replace(row.record, expires_at=txn.now + row.request.ttl)
+                    txn.update(replace(row, record=record))
+                    self._audit(txn, record, AuditKind.RENEW)
+                    return record
+                if row is not None:
+                    raise LeaseLostError(f"request {request_id} of {owner!r} is still waiting; only a granted "
+                                         "lease can be renewed")
+        raise LeaseLostError(f"lease {request_id} of {owner!r} is gone: it was released, or expired because its "
+                             "heartbeat stopped for longer than its TTL")
+
+    def release(self, request_id: str, owner: str) -> bool:
+        """Give up a lease or a waiting request; ``False`` when it was already gone (idempotent).
+
+        Raises:
+            LeaseOwnershipError: ``owner`` does not own it (nothing is changed).
+        """
+        pool = self._locate(request_id)
+        if pool is None:
+            return False
+        with self._locked(pool) as txn:
+            row = self._own(txn, request_id, owner)
+            if row is None:
+                return False
+            txn.delete(request_id)
+            held = row.record.status is LeaseStatus.GRANTED
+            self._audit(txn, row.record, AuditKind.RELEASE if held else AuditKind.CANCEL,
+                        f"held {txn.now - (row.record.granted_at or txn.now):.3f} s" if held else "")
+            self._settle(txn, None)
+            return True
+
+    def holders(self, *, pool: str | None = None, table: str | None = None) -> list[LeaseRecord]:
+        return [r for r in self.records(pool=pool, table=table) if r.status is LeaseStatus.GRANTED]
+
+    def waiters(self, *, pool: str | None = None, table: str | None = None) -> list[LeaseRecord]:
+        return [r for r in self.records(pool=pool, table=table) if r.status is LeaseStatus.WAITING]
+
+    def __enter__(self) -> LeaseStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the one algorithm ----------------------------------------------------------------------
+    def _own(self, txn: PoolTransaction, request_id: str, owner: str) -> Row | None:
+        row = next((r for r in txn.rows() if r.request_id == request_id), None)
+        if row is not None and row.record.owner != owner:
+            raise LeaseOwnershipError(f"request {request_id} belongs to {row.record.owner!r}, not {owner!r}; "
+                                      "nothing was changed")
+        return row
+
+    def _expire(self, txn: PoolTransaction) -> list[Row]:
+        live = []
+        for row in txn.rows():
+            if row.record.expires_at <= txn.now:
+                txn.delete(row.request_id)
+                held = row.record.status is LeaseStatus.GRANTED
+                self._audit(txn, row.record, AuditKind.EXPIRE if held else AuditKind.ABANDON,
+                            f"no heartbeat since {row.record.expires_at - row.request.ttl:.3f}")
+            else:
+                live.append(row)
+        return live
+
+    def _settle(self, txn: PoolTransaction, request_id: str | None) -> LeaseState:
+        """Expire, grant what the rule allows, and report ``request_id``'s state."""
+        live = self._expire(txn)
+        holders = [_candidate(r) for r in live if r.record.status is LeaseStatus.GRANTED]
+        waiters = [_candidate(r) for r in live if r.record.status is LeaseStatus.WAITING]
+        decision = decide(holders, waiters, self.judge)
+        by_id = {r.request_id: r for r in live}
+        for granted_id in decision.granted:
+            row = by_id[granted_id]
+            record = replace(row.record, status=LeaseStatus.GRANTED, granted_at=txn.now,
+                             expires_at=txn.now + row.request.ttl)
+            txn.update(replace(row, record=record))
+            by_id[granted_id] = replace(row, record=record)
+            self._audit(txn, record, AuditKind.GRANT, f"waited {txn.now - record.requested_at:.3f} s")
+        if request_id is None:
+            return LeaseState("", LeaseStatus.GONE, txn.now)
+        found = by_id.get(request_id)
+        if found is None:
+            return LeaseState(request_id, LeaseStatus.GONE, txn.now)
+        return LeaseState(request_id, found.record.status, txn.now, found.record, decision.blockers.get(request_id, ()))
+
+    @staticmethod
+    def _audit(txn: PoolTransaction, record: LeaseRecord, kind: AuditKind, detail: str = "") -> None:
+        txn.audit(AuditEvent(at=txn.now, pool=record.pool, table=record.table, request_id=record.request_id,
+                             owner=record.owner, kind=kind, summary=record.summary, detail=detail))
+
+
+def _request_detail(request: LeaseRequest) -> str:
+    """The request's JSON (its footprint per partition): enough to re-judge any two grants from the audit alone."""
+    return json.dumps(request.to_json(), separators=(",", ":"), sort_keys=True)
+
+
+def _candidate(row: Row) -> Candidate:
+    request = row.request
+    return Candidate(request_id=row.request_id, key=(row.request_id, row.revision), table=request.table,
+                     owner=request.owner, planned=request.planned, model=request.model,
+                     max_writers=request.max_writers)
+
+
+def newest(events: Sequence[AuditEvent], limit: int) -> list[AuditEvent]:
+    """The last ``limit`` events, oldest first (what ``history`` returns)."""
+    return list(events[-limit:]) if limit > 0 else []
+
+
+def only(records: Iterator[LeaseRecord] | Sequence[LeaseRecord], pool: str | None, table: str | None
+         ) -> list[LeaseRecord]:
+    return [r for r in records if (pool is None or r.pool == pool) and (table is None or r.table == table)]

@@ -1,0 +1,297 @@
+"""The lease store on a SQL database through SQLAlchemy: SQLite (one host) or PostgreSQL (many hosts).
+
+Atomicity comes from the database. Each operation is one transaction that first locks the pool:
+
+* PostgreSQL: ``SELECT ... FOR UPDATE`` on the pool's row in ``delta_occ_lease_pools``; every other
+  transaction on the same pool waits there, and (READ COMMITTED) then reads what the previous one
+  committed. Pools do not block each other.
+* SQLite: ``BEGIN IMMEDIATE`` takes the database's write lock before anything is read (WAL journal,
+  so listings still read while a decision is made). One host only: SQLite's locks do not work on
+  network file systems.
+
+Times come from the database's clock, so workers with skewed clocks agree on expiry. The module takes
+a SQLAlchemy URL and imports no Airflow; the Airflow layer resolves a connection to the URL.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from airflow_delta_occ.exceptions import LeaseStoreError
+
+from ..compare import PairJudge
+from ..requests import AuditEvent, AuditKind, LeaseRecord, LeaseRequest, LeaseRequestError, LeaseStatus
+from .base import LeaseStore, PoolTransaction, Row, newest
+
+SCHEMA_LOCK_KEY = 0x44454C54414F4343  # "DELTAOCC": the advisory lock that serializes schema creation
+
+metadata = sa.MetaData()
+pools_table = sa.Table(
+    "delta_occ_lease_pools", metadata,
+    sa.Column("name", sa.String(200), primary_key=True),
+    sa.Column("next_seq", sa.BigInteger, nullable=False),
+)
+leases_table = sa.Table(
+    "delta_occ_leases", metadata,
+    sa.Column("request_id", sa.String(32), primary_key=True),
+    sa.Column("pool", sa.String(200), nullable=False),
+    sa.Column("table_key", sa.String(2048), nullable=False),
+    sa.Column("owner", sa.String(512), nullable=False),
+    sa.Column("seq", sa.BigInteger, nullable=False),
+    sa.Column("revision", sa.Integer, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("summary", sa.Text, nullable=False),
+    sa.Column("request", sa.Text, nullable=False),
+    sa.Column("requested_at", sa.Float(53), nullable=False),
+    sa.Column("granted_at", sa.Float(53), nullable=True),
+    sa.Column("expires_at", sa.Float(53), nullable=False),
+    sa.Index("ix_delta_occ_leases_pool_seq", "pool", "seq"),
+    sa.Index("ix_delta_occ_leases_table", "table_key"),
+)
+audit_table = sa.Table(
+    "delta_occ_lease_audit", metadata,
+    sa.Column("event_id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("at", sa.Float(53), nullable=False),
+    sa.Column("pool", sa.String(200), nullable=False),
+    sa.Column("table_key", sa.String(2048), nullable=False),
+    sa.Column("request_id", sa.String(32), nullable=False),
+    sa.Column("owner", sa.String(512), nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("summary", sa.Text, nullable=False),
+    sa.Column("detail", sa.Text, nullable=False),
+    sa.Index("ix_delta_occ_lease_audit_table", "table_key", "event_id"),
+    sa.Index("ix_delta_occ_lease_audit_pool", "pool", "event_id"),
+)
+
+
+class SqlLeaseStore(LeaseStore):
+    """Leases in a SQL database; ``url`` is a SQLAlchemy URL (``sqlite:////path/leases.db``,
+    ``postgresql+psycopg2://user:pass@host:5432/db``). Tables are created on first use.
+
+    One instance per process: SQLAlchemy engines must not cross ``fork``.
+
+    Raises:
+        LeaseStoreError: the database cannot be reached, or is neither SQLite nor PostgreSQL.
+    """
+
+    def __init__(self, url: str, *, judge: PairJudge | None = None, engine_options: dict[str, Any] | None = None
+                 ) -> None:
+        super().__init__(judge=judge)
+        try:
+            self.engine: Engine = _engine(url, engine_options or {})
+        except (SQLAlchemyError, ImportError, ValueError) as exc:
+            raise LeaseStoreError(f"cannot open the lease store at {_safe(url)}: {exc}") from exc
+        self.dialect = self.engine.dialect.name
+        if self.dialect not in ("sqlite", "postgresql"):
+            raise LeaseStoreError(f"the lease store supports SQLite and PostgreSQL, not {self.dialect}")
+        self._requests: OrderedDict[tuple[str, int], LeaseRequest] = OrderedDict()
+        self._known_pools: set[str] = set()
+        with self._errors("create the lease tables"), self.engine.begin() as conn:
+            if self.dialect == "postgresql":
+                conn.execute(sa.select(sa.func.pg_advisory_xact_lock(SCHEMA_LOCK_KEY)))
+            metadata.create_all(conn)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- storage primitives ---------------------------------------------------------------------
+    @contextmanager
+    def _locked(self, pool: str) -> Iterator[PoolTransaction]:
+        with self._errors(f"lock pool {pool!r}"), self.engine.begin() as conn:
+            next_seq, now = self._lock_pool(conn, pool)
+            txn = _Transaction(conn, pool, now, next_seq, self)
+            yield txn
+            txn.flush()
+
+    def _lock_pool(self, conn: Connection, pool: str) -> tuple[int, float]:
+        now = _now_sql(self.dialect)
+        query = sa.select(pools_table.c.next_seq, now).where(pools_table.c.name == pool)
+        if self.dialect == "postgresql":
+            query = query.with_for_update()
+        found = conn.execute(query).first()
+        if found is None:
+            if self.dialect == "postgresql":
+                from sqlalchemy.dialects.postgresql import insert as pg_insert
+                conn.execute(pg_insert(pools_table).values(name=pool, next_seq=1).on_conflict_do_nothing())
+            else:
+                conn.execute(pools_table.insert().values(name=pool, next_seq=1))  # BEGIN IMMEDIATE holds the lock
+            found = conn.execute(query).first()
+            assert found is not None
+        return int(found[0]), float(found[1])
+
+    def _locate(self, request_id: str) -> str | None:
+        with self._errors("find a request"), self.engine.connect() as conn:
+            pool = conn.execute(sa.select(leases_table.c.pool).where(leases_table.c.request_id == request_id)
+                                ).scalar_one_or_none()
+        return None if pool is None else str(pool)
+
+    def records(self, *, pool: str | None = None, table: str | None = None) -> list[LeaseRecord]:
+        query = sa.select(*_RECORD_COLUMNS).order_by(leases_table.c.pool, leases_table.c.seq)
+        if pool is not None:
+            query = query.where(leases_table.c.pool == pool)
+        if table is not None:
+            query = query.where(leases_table.c.table_key == table)
+        with self._errors("list leases"), self.engine.connect() as conn:
+            return [_record(r) for r in conn.execute(query)]
+
+    def history(self, *, pool: str | None = None, table: str | None = None, limit: int = 100) -> list[AuditEvent]:
+        query = sa.select(audit_table).order_by(audit_table.c.event_id.desc()).limit(max(0, limit))
+        if pool is not None:
+            query = query.where(audit_table.c.pool == pool)
+        if table is not None:
+            query = query.where(audit_table.c.table_key == table)
+        with self._errors("read the audit"), self.engine.connect() as conn:
+            rows = list(conn.execute(query))
+        return newest([_event(r) for r in reversed(rows)], limit)
+
+    def prune_history(self, before: float) -> int:
+        """Delete audit events older than ``before`` (epoch seconds); returns how many (run it on a schedule)."""
+        with self._errors("prune the audit"), self.engine.begin() as conn:
+            return int(conn.execute(audit_table.delete().where(audit_table.c.at < before)).rowcount or 0)
+
+    def request_of(self, request_id: str, revision: int, text: str) -> LeaseRequest:
+        """A stored request, parsed once per revision (footprints are compared on every pass)."""
+        key = (request_id, revision)
+        found = self._requests.get(key)
+        if found is None:
+            try:
+                found = LeaseRequest.from_json(json.loads(text))
+            except (ValueError, LeaseRequestError) as exc:
+                raise LeaseStoreError(f"request {request_id} in the lease store cannot be read: {exc}") from exc
+            self._requests[key] = found
+            if len(self._requests) > 10_000:
+                self._requests.popitem(last=False)
+        return found
+
+    @contextmanager
+    def _errors(self, action: str) -> Iterator[None]:
+        try:
+            yield
+        except SQLAlchemyError as exc:
+            raise LeaseStoreError(f"lease store ({self.dialect if hasattr(self, 'dialect') else 'sql'}) could not "
+                                  f"{action}: {exc}") from exc
+
+
+_RECORD_COLUMNS = (leases_table.c.request_id, leases_table.c.pool, leases_table.c.table_key, leases_table.c.owner,
+                   leases_table.c.seq, leases_table.c.status, leases_table.c.summary, leases_table.c.requested_at,
+                   leases_table.c.granted_at, leases_table.c.expires_at)
+
+
+def _record(row: Any) -> LeaseRecord:
+    return LeaseRecord(request_id=row.request_id, pool=row.pool, table=row.table_key, owner=row.owner,
+                       seq=int(row.seq), status=LeaseStatus(row.status), summary=row.summary,
+                       requested_at=float(row.requested_at),
+                       granted_at=None if row.granted_at is None else float(row.granted_at),
+                       expires_at=float(row.expires_at))
+
+
+def _event(row: Any) -> AuditEvent:
+    return AuditEvent(at=float(row.at), pool=row.pool, table=row.table_key, request_id=row.request_id,
+                      owner=row.owner, kind=AuditKind(row.kind), summary=row.summary, detail=row.detail,
+                      event_id=int(row.event_id))
+
+
+@dataclass
+class _Transaction:
+    """The pool's rows read once under the lock; changes are written as they happen, the sequence at the end."""
+
+    conn: Connection
+    pool: str
+    now: float
+    _next_seq: int
+    store: SqlLeaseStore
+    _rows: list[Row] | None = None
+    _seq_used: bool = field(default=False)
+
+    def rows(self) -> list[Row]:
+        if self._rows is None:
+            query = sa.select(*_RECORD_COLUMNS, leases_table.c.revision, leases_table.c.request).where(
+                leases_table.c.pool == self.pool).order_by(leases_table.c.seq)
+            self._rows = [Row(_record(r), self.store.request_of(r.request_id, int(r.revision), r.request),
+                              int(r.revision)) for r in self.conn.execute(query)]
+        return list(self._rows)
+
+    def next_seq(self) -> int:
+        seq = self._next_seq
+        self._next_seq += 1
+        self._seq_used = True
+        return seq
+
+    def insert(self, row: Row) -> None:
+        self.conn.execute(leases_table.insert().values(**_values(row)))
+        self._rows = [*self.rows(), row]
+
+    def update(self, row: Row) -> None:
+        self.conn.execute(leases_table.update().where(leases_table.c.request_id == row.request_id)
+                          .values(**_values(row)))
+        self._rows = [row if r.request_id == row.request_id else r for r in self.rows()]
+
+    def delete(self, request_id: str) -> None:
+        self.conn.execute(leases_table.delete().where(leases_table.c.request_id == request_id))
+        self._rows = [r for r in self.rows() if r.request_id != request_id]
+
+    def audit(self, event: AuditEvent) -> None:
+        self.conn.execute(audit_table.insert().values(
+            at=event.at, pool=event.pool, table_key=event.table, request_id=event.request_id, owner=event.owner,
+            kind=event.kind.value, summary=event.summary, detail=event.detail))
+
+    def flush(self) -> None:
+        if self._seq_used:
+            self.conn.execute(pools_table.update().where(pools_table.c.name == self.pool)
+                              .values(next_seq=self._next_seq))
+
+
+def _values(row: Row) -> dict[str, Any]:
+    record = row.record
+    return {"request_id": record.request_id, "pool": record.pool, "table_key": record.table, "owner": record.owner,
+            "seq": record.seq, "revision": row.revision, "status": record.status.value, "summary": record.summary,
+            "request": json.dumps(row.request.to_json(), separators=(",", ":")),
+            "requested_at": record.requested_at, "granted_at": record.granted_at, "expires_at": record.expires_at}
+
+
+def _now_sql(dialect: str) -> Any:
+    """The database's clock in epoch seconds, read after the pool lock is taken."""
+    if dialect == "postgresql":
+        return sa.extract("epoch", sa.func.clock_timestamp())
+    return sa.literal_column("(julianday('now') - 2440587.5) * 86400.0")
+
+
+def _engine(url: str, options: dict[str, Any]) -> Engine:
+    parsed = sa.engine.make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        engine = sa.create_engine(parsed, **{"connect_args": {"timeout": 60}, **options})
+        sa.event.listen(engine, "connect", _sqlite_connect)
+        sa.event.listen(engine, "begin", _sqlite_begin)
+        return engine
+    return sa.create_engine(parsed, **{"pool_pre_ping": True, "pool_size": 2, "max_overflow": 4, **options})
+
+
+def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
+    # Let SQLAlchemy's "begin" event issue BEGIN IMMEDIATE instead of pysqlite's deferred BEGIN, so a
+    # transaction holds the write lock before it reads (no read-then-upgrade deadlocks, no stale reads).
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=60000")
+    cursor.close()
+
+
+def _sqlite_begin(conn: Connection) -> None:
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _safe(url: str) -> str:
+    try:
+        return sa.engine.make_url(url).render_as_string(hide_password=True)
+    except Exception:  # a URL that does not parse is reported by the error that follows
+        return "<unparsable URL>"

@@ -1,0 +1,227 @@
+"""What goes into a lease store and what comes out: requests, lease records, states and audit events.
+
+Everything here is plain data with a JSON form, so a trigger in the triggerer can carry a request
+and a CLI can print a listing without importing Spark or reading the table.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from airflow_delta_occ.engine.errors import FootprintDecodeError
+from airflow_delta_occ.engine.planner import MODELS, Footprint, Model, TableState
+from airflow_delta_occ.exceptions import LeaseError
+
+from .compare import PlannedJob, compact
+
+MAX_OWNER_LENGTH = 512
+MAX_TABLE_LENGTH = 2048
+
+
+class LeaseRequestError(LeaseError, ValueError):
+    """A lease request that cannot be stored or judged; the message names the field."""
+
+
+@dataclass(frozen=True)
+class LeaseRequest:
+    """One task try asking to write to one table of a pool.
+
+    ``owner`` identifies the task try (only it may renew or release the lease). ``pool``'s model,
+    writer limit and TTL are copied in by the caller from the pool file, so a store needs no
+    configuration of its own. The footprint is kept per partition (``compact``): a lease compares
+    partitions, never files.
+    """
+
+    pool: str
+    table: str
+    owner: str
+    footprint: Footprint
+    table_state: TableState
+    model: Model = "delta"
+    max_writers: int | None = None
+    ttl: float = 300.0
+    summary: str = field(default="", compare=False)
+
+    @classmethod
+    def of(cls, *, pool: str, table: str, owner: str, footprint: Footprint, table_state: TableState,
+           model: Model = "delta", max_writers: int | None = None, ttl: float = 300.0) -> LeaseRequest:
+        """A checked request; the audit summary is taken from the full footprint before it is compacted.
+
+        Raises:
+            LeaseRequestError: an empty or oversized name, an unknown model, a bad limit or TTL.
+        """
+        request = cls(pool=pool, table=table, owner=owner, footprint=compact(footprint), table_state=table_state,
+                      model=model, max_writers=max_writers, ttl=ttl,
+                      summary=summarize(footprint, table_state.version))
+        request.check()
+        return request
+
+    def check(self) -> None:
+        """Raises ``LeaseRequestError`` naming the first bad field."""
+        for name, value, limit in (("pool", self.pool, 200), ("table", self.table, MAX_TABLE_LENGTH),
+                                   ("owner", self.owner, MAX_OWNER_LENGTH)):
+            if not isinstance(value, str) or not value.strip() or len(value) > limit:
+                raise LeaseRequestError(f"{name} must be a non-empty string of at most {limit} characters, "
+                                        f"got {value!r:.80}")
+        if self.model not in MODELS:
+            raise LeaseRequestError(f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
+        if self.max_writers is not None and (isinstance(self.max_writers, bool) or not isinstance(
+                self.max_writers, int) or self.max_writers < 1):
+            raise LeaseRequestError(f"max_writers must be a positive integer or null, got {self.max_writers!r}")
+        if isinstance(self.ttl, bool) or not isinstance(self.ttl, int | float) or not math.isfinite(self.ttl) \
+                or self.ttl <= 0:
+            raise LeaseRequestError(f"ttl must be a positive number of seconds, got {self.ttl!r}")
+
+    @property
+    def planned(self) -> PlannedJob:
+        return PlannedJob(self.footprint, self.table_state)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pool": self.pool, "table": self.table, "owner": self.owner, "footprint": self.footprint.to_json(),
+                "table_state": self.table_state.to_json(), "model": self.model, "max_writers": self.max_writers,
+                "ttl": self.ttl, "summary": self.summary}
+
+    @classmethod
+    def from_json(cls, data: object) -> LeaseRequest:
+        """Rebuild from ``to_json``'s form; the document is untrusted.
+
+        Raises:
+            LeaseRequestError: the document does not describe a request; the message names the field.
+        """
+        if not isinstance(data, dict):
+            raise LeaseRequestError(f"a lease request must be an object, got {type(data).__name__}")
+        try:
+            footprint = Footprint.from_json(data.get("footprint"))
+            state = TableState.from_json(data.get("table_state"))
+        except FootprintDecodeError as exc:
+            raise LeaseRequestError(f"lease request: {exc}") from exc
+        fields: dict[str, Any] = data  # each field is checked by check() below
+        request = cls(pool=fields.get("pool", ""), table=fields.get("table", ""), owner=fields.get("owner", ""),
+                      footprint=footprint, table_state=state, model=fields.get("model", "delta"),
+                      max_writers=fields.get("max_writers"), ttl=fields.get("ttl", 300.0),
+                      summary=str(fields.get("summary") or ""))
+        request.check()
+        return request
+
+
+def summarize(fp: Footprint, version: int) -> str:
+    """One line for the audit: what the job reads, rewrites and writes, at which version it was planned."""
+    def partitions(values: Any) -> str:
+        distinct = sorted({",".join(f"{k}={v}" for k, v in sorted(pv.items())) for pv in values})
+        shown = "; ".join(p or "(unpartitioned)" for p in distinct[:3])
+        return shown + (f" and {len(distinct) - 3} more" if len(distinct) > 3 else "")
+
+    parts = [f"{fp.operation.value} '{fp.label}' planned at version {version}"]
+    if fp.read_predicate is not None:
+        parts.append("reads the whole table" if fp.read_whole_table
+                     else f"reads {len(fp.read_files)} files in {partitions(fp.read_files.values()) or 'no partition'}")
+    if fp.removes:
+        parts.append(f"rewrites {len(fp.removes)} files")
+    if fp.adds_files:
+        parts.append("writes anywhere" if fp.write_partitions is None
+                     else f"writes into {partitions(fp.write_partitions) or 'no partition'}")
+    if fp.metadata is not None or fp.protocol is not None:
+        parts.append("changes the table's metadata")
+    return "; ".join(parts)
+
+
+class LeaseStatus(StrEnum):
+    WAITING = "waiting"
+    GRANTED = "granted"
+    GONE = "gone"          # released, expired, or never known: the caller holds nothing
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """One live request as a store keeps it (waiting or granted). Times are the store's clock, epoch seconds."""
+
+    request_id: str
+    pool: str
+    table: str
+    owner: str
+    seq: int                        # arrival order within the pool
+    status: LeaseStatus
+    summary: str
+    requested_at: float
+    granted_at: float | None
+    expires_at: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"request_id": self.request_id, "pool": self.pool, "table": self.table, "owner": self.owner,
+                "seq": self.seq, "status": self.status.value, "summary": self.summary,
+                "requested_at": self.requested_at, "granted_at": self.granted_at, "expires_at": self.expires_at}
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """Why a request waits: a lease or an earlier request it can conflict with, or the pool's writer limit."""
+
+    reason: str
+    request_id: str | None = None   # None: the writer limit
+    owner: str | None = None
+    granted: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"reason": self.reason, "request_id": self.request_id, "owner": self.owner, "granted": self.granted}
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    """The answer to ``acquire`` and ``poll``: granted, waiting (and on what), or gone."""
+
+    request_id: str
+    status: LeaseStatus
+    checked_at: float
+    record: LeaseRecord | None = None
+    blockers: tuple[Blocker, ...] = ()
+
+    @property
+    def granted(self) -> bool:
+        return self.status is LeaseStatus.GRANTED
+
+    @property
+    def waited(self) -> float | None:
+        """Seconds from the request to the grant (or to now while waiting)."""
+        if self.record is None:
+            return None
+        end = self.record.granted_at if self.record.granted_at is not None else self.checked_at
+        return max(0.0, end - self.record.requested_at)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"request_id": self.request_id, "status": self.status.value, "checked_at": self.checked_at,
+                "record": None if self.record is None else self.record.to_json(),
+                "blockers": [b.to_json() for b in self.blockers]}
+
+
+class AuditKind(StrEnum):
+    REQUEST = "request"
+    REPLAN = "replan"      # a waiter replaced its footprint (the table moved); it keeps its place
+    GRANT = "grant"
+    RENEW = "renew"
+    RELEASE = "release"
+    CANCEL = "cancel"      # a waiter gave up
+    EXPIRE = "expire"      # a holder missed its heartbeat: the lease is gone
+    ABANDON = "abandon"    # a waiter stopped polling: its request is gone
+
+
+@dataclass(frozen=True)
+class AuditEvent:
+    """One line of a pool's history."""
+
+    at: float
+    pool: str
+    table: str
+    request_id: str
+    owner: str
+    kind: AuditKind
+    summary: str
+    detail: str = ""
+    event_id: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"event_id": self.event_id, "at": self.at, "pool": self.pool, "table": self.table,
+                "request_id": self.request_id, "owner": self.owner, "kind": self.kind.value,
+                "summary": self.summary, "detail": self.detail}

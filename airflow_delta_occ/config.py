@@ -8,14 +8,21 @@ the option, wherever it is used.
 from __future__ import annotations
 
 import json
-from typing import Any
+import os
+from typing import TYPE_CHECKING, Any
 
-from airflow_delta_occ.exceptions import ProviderConfigError
+from airflow_delta_occ.exceptions import PoolConfigError, ProviderConfigError
+
+if TYPE_CHECKING:
+    from airflow_delta_occ.pools.config import PoolConfig
 
 SECTION = "delta_occ"
 MODES = ("embedded", "spark-submit", "connect")
 DEFAULT_TASK_RETRIES = 2
 MAX_TASK_RETRIES = 100
+
+# The last pool file loaded, keyed by path, with its (mtime, size) when read: the scheduler asks often.
+_pool_cache: dict[str, tuple[tuple[int, int], PoolConfig]] = {}
 
 
 def _get(option: str, fallback: str) -> str:
@@ -69,3 +76,40 @@ def task_retries() -> int:
         raise ProviderConfigError(f"[{SECTION}] task_retries is {text!r}; expected a whole number from 0 to "
                                   f"{MAX_TASK_RETRIES}")
     return int(text)
+
+
+def pool_file() -> str | None:
+    """``[delta_occ] pool_file``: path of the TOML file that defines the conflict pools; None when unset."""
+    return _get("pool_file", "").strip() or None
+
+
+def pool_config() -> PoolConfig | None:
+    """The conflict pools of ``[delta_occ] pool_file``, or None when the option is empty.
+
+    The scheduler and the triggerer ask on every lease decision, so the parsed file is kept until
+    its modification time or size changes: an edited file is picked up without a restart.
+
+    Raises:
+        PoolConfigError: the file cannot be read or defines unusable pools.
+    """
+    from airflow_delta_occ.pools.config import load_pool_config
+
+    path = pool_file()
+    if path is None:
+        return None
+    try:
+        stat = os.stat(path)
+        stamp: tuple[int, int] | None = (stat.st_mtime_ns, stat.st_size)
+    except OSError:
+        stamp = None  # load_pool_config reports it
+    cached = _pool_cache.get(path)
+    if stamp is not None and cached is not None and cached[0] == stamp:
+        return cached[1]
+    try:
+        config = load_pool_config(path)
+    except PoolConfigError as exc:
+        raise PoolConfigError(f"[{SECTION}] pool_file: {exc}") from exc
+    _pool_cache.clear()
+    if stamp is not None:  # stat before reading: a change while reading only costs one more read
+        _pool_cache[path] = (stamp, config)
+    return config

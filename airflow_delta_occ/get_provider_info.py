@@ -61,6 +61,13 @@ def get_provider_info() -> dict[str, Any]:
                                         "default is 0."),
                         "version_added": "0.1.0", "type": "integer", "example": "3", "default": "2",
                     },
+                    "pool_file": {
+                        "description": ("Path of the TOML file that defines conflict pools (groups of Delta "
+                                        "tables whose writers get leases so only non-conflicting ones run at "
+                                        "once); empty = no pools."),
+                        "version_added": "0.1.0", "type": "string", "example": "/etc/airflow/delta_pools.toml",
+                        "default": "",
+                    },
                 },
             }
         },

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from airflow_delta_occ.engine.conflicts import PartitionSchema
-from airflow_delta_occ.engine.expressions import TRUE
+from airflow_delta_occ.engine.expressions import TRUE, references, split_conjuncts
 from airflow_delta_occ.engine.planner import (
     REWRITING_OPERATIONS,
     Footprint,
@@ -45,7 +45,6 @@ from airflow_delta_occ.engine.planner import (
     pinned_values,
 )
 from airflow_delta_occ.engine.predicates import evaluate_partition
-from airflow_delta_occ.engine.values import format_partition_value
 
 Partition = tuple[tuple[str, str | None], ...]
 UNKNOWN_PARTITION = "<a partition neither plan knows>"
@@ -109,24 +108,22 @@ def _reads(fp: Footprint) -> bool:
 
 
 def _pinned_apart(a: Footprint, b: Footprint, schema: PartitionSchema) -> bool:
-    """Whether some partition column is pinned by both filters to sets of values that share none.
+    """Whether no partition, known or not, can be admitted by both filters.
 
-    Then no partition, known or not, is admitted by both (``country = 'DE'`` and ``country = 'FR'``
-    never meet, whatever dates exist).
+    True when one filter pins a partition column to values and, for each of them, a conjunct of the
+    other filter on that column alone is false (``country = 'DE'`` against ``country = 'FR'``;
+    ``date = '2024-01-15'`` against ``date >= '2024-02-01'``), whatever the other columns hold.
     """
     if a.read_whole_table or b.read_whole_table or a.read_predicate is None or b.read_predicate is None:
         return False
-    for name, _, data_type in schema.fields:
-        values_a, values_b = pinned_values(a.read_predicate, name), pinned_values(b.read_predicate, name)
-        if values_a is None or values_b is None:
-            continue
-        try:
-            raw_a = {format_partition_value(v, data_type) for v in values_a}
-            raw_b = {format_partition_value(v, data_type) for v in values_b}
-        except (ValueError, TypeError, ArithmeticError):
-            continue  # a value that does not format as the column's type: decide nothing from this column
-        if not raw_a & raw_b:
-            return True
+    for name, _, _ in schema.fields:
+        for pins, other in ((a.read_predicate, b.read_predicate), (b.read_predicate, a.read_predicate)):
+            values = pinned_values(pins, name)
+            if values is None:
+                continue
+            on_column = [c for c in split_conjuncts(other) if references(c) == {name}]
+            if on_column and all(any(evaluate_partition(c, {name: v}) is False for c in on_column) for v in values):
+                return True
     return False
 
 

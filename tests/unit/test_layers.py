@@ -12,11 +12,13 @@ import pytest
 
 import airflow_delta_occ.engine
 import airflow_delta_occ.jobs
+import airflow_delta_occ.pools
 
 pytestmark = pytest.mark.unit
 
 PURE = sorted([f"airflow_delta_occ.engine.{m.name}" for m in pkgutil.iter_modules(airflow_delta_occ.engine.__path__)]
               + [f"airflow_delta_occ.jobs.{m.name}" for m in pkgutil.iter_modules(airflow_delta_occ.jobs.__path__)]
+              + [m.name for m in pkgutil.walk_packages(airflow_delta_occ.pools.__path__, "airflow_delta_occ.pools.")]
               + ["airflow_delta_occ.retry.classify", "airflow_delta_occ.retry.policy",
                  "airflow_delta_occ.exceptions"])
 AIRFLOW_SIDE = ["airflow_delta_occ.operators.delta", "airflow_delta_occ.hooks.delta", "airflow_delta_occ.retry.airflow",

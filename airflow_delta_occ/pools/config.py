@@ -1,0 +1,491 @@
+"""The conflict pool file: which Delta tables share a pool, and how writers to them are leased.
+
+Platform teams write one TOML file (``[delta_occ] pool_file``)::
+
+    [pools.sales]
+    tables = ["s3://lake/sales/**", "main.sales.*"]
+    model = "delta"            # delta | databricks | maxcompute: whose conflict rules the arbiter applies
+    max_writers = 8            # leases held at once in the pool; omit for no limit
+    lease_ttl = "10m"          # seconds, or a string with an s/m/h suffix
+    heartbeat = "30s"
+    airflow_pool = "delta_sales"   # default delta_occ_<name>
+    description = "..."
+
+Everything is checked when the file is loaded, so a typo fails once, naming the file and the entry,
+instead of leaving a table silently outside its pool. Pure Python: the scheduler, the triggerer and
+the CLI all read it, so it imports neither Airflow nor Spark nor pyarrow.
+
+Tables and patterns are compared in one normal form (``normalize_table``) so that ``s3a://lake/t/``
+written by a Spark job and ``s3://lake/t`` written by the platform team are the same table. A table
+belongs to at most one pool: overlapping pools are refused at load time (see ``patterns_may_overlap``)
+and, should the check miss a case, ``PoolConfig.pool_for`` refuses to choose.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import posixpath
+import re
+import tomllib
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Literal
+
+from airflow_delta_occ.exceptions import PoolConfigError
+
+if TYPE_CHECKING:
+    from airflow_delta_occ.engine.planner import Model
+
+# The planner's ``MODELS``, repeated because importing the planner loads pyarrow (a test keeps them equal).
+MODELS: tuple[Model, ...] = ("delta", "databricks", "maxcompute")
+DEFAULT_LEASE_TTL = 300.0
+DEFAULT_HEARTBEAT = 30.0
+MIN_HEARTBEATS_PER_TTL = 3
+AIRFLOW_POOL_PREFIX = "delta_occ_"
+POOL_KEYS = ("tables", "model", "max_writers", "lease_ttl", "heartbeat", "airflow_pool", "description")
+
+_AIRFLOW_POOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,256}")  # stats-safe characters; Airflow's column is 256 wide
+_POOL_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smh])\s*", re.IGNORECASE)
+_UNIT_SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):(.*)", re.DOTALL)  # two letters at least: never a drive letter
+_SCHEME_ALIASES = {"s3a": "s3", "s3n": "s3"}  # Hadoop's S3 connectors: one bucket, one pattern
+_NOT_IN_NAME_PART = frozenset(".`/:")
+
+TableKind = Literal["location", "catalog"]
+
+
+# --- table identifiers ----------------------------------------------------------------------------
+
+def normalize_table(table: str) -> str:
+    """The one spelling of a table location or catalog name that patterns are matched against.
+
+    Locations: the scheme lower-cased, ``s3a``/``s3n`` as ``s3``, duplicate and trailing slashes
+    removed; a local path or ``file:`` URI becomes ``file:///abs/path`` with ``.`` and ``..``
+    resolved lexically (the filesystem is never read: the scheduler may not see the writer's disks).
+    Catalog names: backticks around parts removed, lower-cased (Spark catalogs ignore case).
+    Patterns go through the same function, so wildcards are kept as written.
+
+    Raises:
+        ValueError: empty, a relative path (whose meaning depends on the writer's working directory),
+            a ``file:`` URI on another host, or a name part that is empty or holds ``.``, a backtick,
+            ``/``, ``:`` or whitespace.
+    """
+    if not isinstance(table, str):
+        raise ValueError(f"expected a table path, URI or catalog name, got {table!r}")
+    text = table.strip()
+    if not text:
+        raise ValueError("empty table identifier")
+    if text.startswith("`"):
+        return _normalize_name(text)
+    uri = _SCHEME.fullmatch(text)
+    if uri is not None:
+        return _normalize_uri(uri.group(1).lower(), uri.group(2), text)
+    if text.startswith("/"):
+        return _file_uri(text)
+    if "/" in text:
+        raise ValueError(f"{text!r} is a relative path; give an absolute path or a URI")
+    return _normalize_name(text)
+
+
+def table_kind(normalized: str) -> TableKind:
+    """``location`` or ``catalog`` for a normalized identifier (locations always carry ``://``)."""
+    return "location" if "://" in normalized else "catalog"
+
+
+def _normalize_uri(scheme: str, rest: str, text: str) -> str:
+    scheme = _SCHEME_ALIASES.get(scheme, scheme)
+    if scheme == "file":
+        path = rest
+        if rest.startswith("//"):
+            host, _, local = rest[2:].partition("/")
+            if host not in ("", "localhost"):
+                raise ValueError(f"{text!r} is a file: URI on host {host!r}; only local file: URIs are tables")
+            path = "/" + local
+        if not path.startswith("/"):
+            raise ValueError(f"{text!r} is a relative path; give an absolute path or a URI")
+        return _file_uri(path)
+    if not rest.startswith("//"):
+        raise ValueError(f"{text!r}: expected {scheme}://<authority>/<path>")
+    authority, _, path = rest[2:].partition("/")
+    path = re.sub(r"/+", "/", path).strip("/")
+    return f"{scheme}://{authority}/{path}" if path else f"{scheme}://{authority}"
+
+
+def _file_uri(path: str) -> str:
+    return "file://" + posixpath.normpath(re.sub(r"/+", "/", path))
+
+
+def _normalize_name(text: str) -> str:
+    parts: list[str] = []
+    i, n = 0, len(text)
+    while True:
+        if i < n and text[i] == "`":
+            end = text.find("`", i + 1)
+            if end < 0:
+                raise ValueError(f"{text!r}: unclosed backtick")
+            part, i = text[i + 1:end], end + 1
+            if i < n and text[i] != ".":
+                raise ValueError(f"{text!r}: expected '.' after `{part}`")
+        else:
+            end = text.find(".", i)
+            end = n if end < 0 else end
+            part, i = text[i:end], end
+        if not part or any(c.isspace() or c in _NOT_IN_NAME_PART for c in part):
+            raise ValueError(f"{text!r}: name part {part!r} must be non-empty, without '.', backticks, '/', ':' "
+                             f"or spaces")
+        parts.append(part.lower())
+        if i >= n:
+            return ".".join(parts)
+        i += 1  # the '.'; a trailing one leaves an empty last part, refused above
+
+
+# --- patterns -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Compiled:
+    """A normalized pattern as a regex, with what the overlap check needs to know about it."""
+
+    kind: TableKind
+    regex: re.Pattern[str]
+    literal: bool  # no wildcard: the pattern names exactly one table
+    prefix: str  # literal text before the first wildcard: every match starts with it
+    suffix: str  # literal text after the last wildcard: every match ends with it
+    depth: int | None  # separators in every match; None when ``**`` makes it vary
+
+
+@lru_cache(maxsize=4096)
+def _compile(pattern: str) -> _Compiled:
+    """Translate ``fnmatchcase`` syntax, with ``*``, ``?`` and ``[...]`` stopping at the separator.
+
+    The separator is ``/`` for locations and ``.`` for catalog names. ``**`` matches anything, and
+    ``**`` between two separators (or at the start, before one) also matches zero parts, so
+    ``s3://lake/**/orders`` matches ``s3://lake/orders``.
+    """
+    kind = table_kind(pattern)
+    sep = "/" if kind == "location" else "."
+    not_sep = f"[^{re.escape(sep)}]"
+    out: list[str] = []
+    chars: list[str | None] = []  # the pattern's literal characters, None for each wildcard
+    starstar = False
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "*":
+            j = i
+            while j < n and pattern[j] == "*":
+                j += 1
+            if j - i == 1:
+                out.append(not_sep + "*")
+            elif (i == 0 or pattern[i - 1] == sep) and j < n and pattern[j] == sep:
+                out.append(f"(?:.*{re.escape(sep)})?")
+                j += 1
+                starstar = True
+            else:
+                out.append(".*")
+                starstar = True
+            chars.append(None)
+            i = j
+        elif c == "?":
+            out.append(not_sep)
+            chars.append(None)
+            i += 1
+        elif c == "[" and (klass := _char_class(pattern, i)) is not None:
+            out.append(f"(?!{re.escape(sep)}){klass[0]}")
+            chars.append(None)
+            i = klass[1]
+        else:
+            out.append(re.escape(c))
+            chars.append(c)
+            i += 1
+    try:
+        regex = re.compile("".join(out), re.DOTALL)
+    except re.error as exc:
+        raise ValueError(f"{pattern!r}: invalid character class ({exc})") from exc
+    wild = [k for k, c in enumerate(chars) if c is None]
+    literal_text = "".join(c for c in chars if c is not None)
+    if not wild:
+        return _Compiled(kind, regex, True, literal_text, literal_text, literal_text.count(sep))
+    prefix = "".join(c for c in chars[:wild[0]] if c is not None)
+    suffix = "".join(c for c in chars[wild[-1] + 1:] if c is not None)
+    return _Compiled(kind, regex, False, prefix, suffix, None if starstar else literal_text.count(sep))
+
+
+def _char_class(pattern: str, start: int) -> tuple[str, int] | None:
+    """``[...]`` / ``[!...]`` at ``start`` as a regex class and the index after it; None if unclosed."""
+    j = start + 1
+    if j < len(pattern) and pattern[j] == "!":
+        j += 1
+    if j < len(pattern) and pattern[j] == "]":
+        j += 1
+    j = pattern.find("]", j)
+    if j < 0:
+        return None
+    body = pattern[start + 1:j]
+    negate = body.startswith("!")
+    body = re.sub(r"([\\\[\]^&~|])", r"\\\1", body[1:] if negate else body)
+    return f"[{'^' if negate else ''}{body}]", j + 1
+
+
+def matches(pattern: str, table: str) -> bool:
+    """Whether ``table`` matches ``pattern``, both normalized first; a location never matches a name.
+
+    Raises:
+        ValueError: either one cannot be normalized (see ``normalize_table``).
+    """
+    return _matches(normalize_table(pattern), normalize_table(table))
+
+
+def _matches(pattern: str, table: str) -> bool:
+    compiled = _compile(pattern)
+    return compiled.kind == table_kind(table) and compiled.regex.fullmatch(table) is not None
+
+
+def patterns_may_overlap(a: str, b: str) -> bool:
+    """Whether some table could match both normalized patterns; conservative (never a false "no").
+
+    * a location pattern and a catalog pattern never overlap;
+    * identical patterns overlap;
+    * a literal pattern (no wildcard) overlaps exactly when the other pattern matches it;
+    * two wildcard patterns overlap unless one of these proves they cannot:
+      their literal prefixes (text before the first wildcard) diverge - neither starts with the
+      other; their literal suffixes (after the last wildcard) diverge - neither ends with the
+      other; or neither uses ``**`` and they have different numbers of separators (``*``, ``?``
+      and ``[...]`` never match one, so the count is fixed).
+
+    The approximation refuses some disjoint pairs, e.g. ``s3://l/t/*`` with ``s3://l/t/*/x/**``
+    (same prefix, ``**`` hides the depth); give such pools distinct literal prefixes.
+    """
+    pa, pb = _compile(a), _compile(b)
+    if pa.kind != pb.kind:
+        return False
+    if a == b:
+        return True
+    if pa.literal:
+        return pb.regex.fullmatch(a) is not None
+    if pb.literal:
+        return pa.regex.fullmatch(b) is not None
+    if not (pa.prefix.startswith(pb.prefix) or pb.prefix.startswith(pa.prefix)):
+        return False
+    if not (pa.suffix.endswith(pb.suffix) or pb.suffix.endswith(pa.suffix)):
+        return False
+    return pa.depth is None or pb.depth is None or pa.depth == pb.depth
+
+
+# --- durations ------------------------------------------------------------------------------------
+
+def parse_duration(value: object) -> float:
+    """Seconds from a positive number or a string such as ``"30s"``, ``"10m"``, ``"1.5h"``.
+
+    A bare string number is refused: ``"10"`` in a file is more often a forgotten unit than seconds.
+
+    Raises:
+        ValueError: anything else (booleans, zero, negative, infinite, other units).
+    """
+    seconds: float | None = None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and (m := _DURATION.fullmatch(value)):
+        seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2).lower()]
+    if seconds is None or not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"expected seconds as a positive number or a string like '30s', '10m', '1h', got {value!r}")
+    return seconds
+
+
+def _seconds_text(seconds: float) -> str:
+    return f"{seconds:g}s"
+
+
+# --- pools ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Pool:
+    """One conflict pool: the tables it covers and how its writers are leased.
+
+    Checked on construction (from the file or from code), so a ``Pool`` is always usable. ``tables``
+    are stored normalized; durations may be given as strings (``"10m"``) and are stored in seconds;
+    an empty ``airflow_pool`` becomes ``delta_occ_<name>``.
+
+    Raises:
+        PoolConfigError: a field is unusable; the message starts with ``pools.<name>.<field>``.
+    """
+
+    name: str
+    tables: tuple[str, ...]
+    model: Model = "delta"
+    max_writers: int | None = None  # None: no limit; the arbiter still keeps conflicting writers apart
+    lease_ttl: float = DEFAULT_LEASE_TTL  # a lease not renewed for this long is free again (a dead worker)
+    heartbeat: float = DEFAULT_HEARTBEAT  # how often a holder renews its lease
+    airflow_pool: str = ""
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _POOL_NAME.fullmatch(self.name):
+            raise PoolConfigError(f"pools.{self.name}: invalid pool name {self.name!r}; use letters, digits, "
+                                  "_, - and .")
+        where = f"pools.{self.name}"
+        object.__setattr__(self, "tables", self._normalized_tables(where))
+        if self.model not in MODELS:
+            raise PoolConfigError(f"{where}.model: expected one of {', '.join(MODELS)}, got {self.model!r}")
+        writers = self.max_writers
+        if writers is not None and (not isinstance(writers, int) or isinstance(writers, bool) or writers < 1):
+            raise PoolConfigError(f"{where}.max_writers: expected a positive integer, got {writers!r}")
+        for field_name in ("lease_ttl", "heartbeat"):
+            try:
+                object.__setattr__(self, field_name, parse_duration(getattr(self, field_name)))
+            except ValueError as exc:
+                raise PoolConfigError(f"{where}.{field_name}: {exc}") from exc
+        if self.lease_ttl < MIN_HEARTBEATS_PER_TTL * self.heartbeat:
+            raise PoolConfigError(
+                f"{where}.lease_ttl: {_seconds_text(self.lease_ttl)} is less than {MIN_HEARTBEATS_PER_TTL} times "
+                f"heartbeat ({_seconds_text(self.heartbeat)}); a lease must outlive two missed heartbeats")
+        for field_name in ("airflow_pool", "description"):
+            if not isinstance(getattr(self, field_name), str):
+                raise PoolConfigError(f"{where}.{field_name}: expected a string, got {getattr(self, field_name)!r}")
+        if not self.airflow_pool:
+            object.__setattr__(self, "airflow_pool", AIRFLOW_POOL_PREFIX + self.name)
+        if not _AIRFLOW_POOL_NAME.fullmatch(self.airflow_pool):
+            raise PoolConfigError(f"{where}.airflow_pool: {self.airflow_pool!r} is not a valid Airflow pool name; "
+                                  "use up to 256 letters, digits, _, - and .")
+
+    def _normalized_tables(self, where: str) -> tuple[str, ...]:
+        if not isinstance(self.tables, tuple | list):
+            raise PoolConfigError(f"{where}.tables: expected an array of strings, got {self.tables!r}")
+        if not self.tables:
+            raise PoolConfigError(f"{where}.tables: expected at least one table pattern")
+        normalized = []
+        for index, pattern in enumerate(self.tables):
+            if not isinstance(pattern, str):
+                raise PoolConfigError(f"{where}.tables[{index}]: expected a string, got {pattern!r}")
+            try:
+                normalized.append(normalize_table(pattern))
+                _compile(normalized[-1])
+            except ValueError as exc:
+                raise PoolConfigError(f"{where}.tables[{index}]: {exc}") from exc
+        return tuple(normalized)
+
+    def matching_pattern(self, table: str) -> str | None:
+        """The first of this pool's patterns that the *normalized* ``table`` matches, or None."""
+        return next((p for p in self.tables if _matches(p, table)), None)
+
+    def to_json(self) -> dict[str, Any]:
+        """The pool as plain JSON values (display, CLI); ``Pool(**...)`` with tables as a tuple rebuilds it."""
+        return {"name": self.name, "tables": list(self.tables), "model": self.model,
+                "max_writers": self.max_writers, "lease_ttl": self.lease_ttl, "heartbeat": self.heartbeat,
+                "airflow_pool": self.airflow_pool, "description": self.description}
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """Every pool of one file; ``source`` (the file's path) prefixes every error message.
+
+    Construction refuses duplicate pool names, two pools sharing an Airflow pool, and two pools
+    that could both match a table (``patterns_may_overlap``).
+
+    Raises:
+        PoolConfigError: naming the source and the entries in conflict.
+    """
+
+    pools: tuple[Pool, ...]
+    source: str
+
+    def __post_init__(self) -> None:
+        names: dict[str, Pool] = {}
+        airflow_pools: dict[str, Pool] = {}
+        for pool in self.pools:
+            if pool.name in names:
+                raise PoolConfigError(f"{self.source}: duplicate pool name {pool.name!r}")
+            owner = airflow_pools.get(pool.airflow_pool)
+            if owner is not None:
+                raise PoolConfigError(f"{self.source}: pools.{pool.name}.airflow_pool: {pool.airflow_pool!r} is "
+                                      f"already the Airflow pool of pools.{owner.name}")
+            for earlier in names.values():
+                self._check_disjoint(earlier, pool)
+            names[pool.name] = pool
+            airflow_pools[pool.airflow_pool] = pool
+
+    def _check_disjoint(self, earlier: Pool, pool: Pool) -> None:
+        for index, pattern in enumerate(pool.tables):
+            for other_index, other in enumerate(earlier.tables):
+                if patterns_may_overlap(other, pattern):
+                    raise PoolConfigError(
+                        f"{self.source}: pools.{pool.name}.tables[{index}]: {pattern!r} could also match "
+                        f"pools.{earlier.name}.tables[{other_index}] ({other!r}); a table must belong to at most "
+                        "one pool, so give the pools disjoint patterns (distinct literal prefixes)")
+
+    def get(self, name: str) -> Pool:
+        """The pool called ``name``.
+
+        Raises:
+            PoolConfigError: no such pool (the message lists the known ones).
+        """
+        for pool in self.pools:
+            if pool.name == name:
+                return pool
+        known = ", ".join(sorted(p.name for p in self.pools)) or "(none)"
+        raise PoolConfigError(f"{self.source}: unknown pool {name!r}; known pools: {known}")
+
+    def pool_for(self, table: str) -> Pool | None:
+        """The pool whose patterns match ``table`` (a path, URI or catalog name), or None.
+
+        Raises:
+            PoolConfigError: more than one pool matches (a case the load-time check missed): choosing
+                one would let writers leased in different pools conflict.
+            ValueError: ``table`` cannot be normalized (see ``normalize_table``).
+        """
+        normalized = normalize_table(table)
+        found = [(pool, pattern) for pool in self.pools
+                 if (pattern := pool.matching_pattern(normalized)) is not None]
+        if len(found) > 1:
+            named = [f"{pool.name} ({pattern!r})" for pool, pattern in found]
+            raise PoolConfigError(f"{self.source}: table {normalized!r} matches pools {', '.join(named[:-1])} and "
+                                  f"{named[-1]}; a table must belong to at most one pool")
+        return found[0][0] if found else None
+
+    def to_json(self) -> dict[str, Any]:
+        """The configuration as plain JSON values: ``{"source": ..., "pools": [pool, ...]}``."""
+        return {"source": self.source, "pools": [pool.to_json() for pool in self.pools]}
+
+
+# --- the file -------------------------------------------------------------------------------------
+
+def load_pool_config(path: str | os.PathLike[str]) -> PoolConfig:
+    """Read and check the pool file at ``path`` (format in the module docstring).
+
+    Raises:
+        PoolConfigError: the file cannot be read or parsed, or an entry is unusable; the message
+            starts with the path and names the entry (``pools.sales.max_writers: ...``).
+    """
+    source = os.fspath(path)
+    try:
+        with open(source, "rb") as file:
+            data = tomllib.load(file)
+    except OSError as exc:
+        raise PoolConfigError(f"{source}: cannot be read: {exc.strerror or exc}") from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise PoolConfigError(f"{source}: not valid TOML: {exc}") from exc
+    unknown = sorted(set(data) - {"pools"})
+    if unknown:
+        raise PoolConfigError(f"{source}: unknown top-level key {unknown[0]!r}; allowed: pools")
+    entries = data.get("pools", {})
+    if not isinstance(entries, dict):
+        raise PoolConfigError(f"{source}: pools: expected a table ([pools.<name>] sections), got {entries!r}")
+    try:
+        pools = tuple(_pool(name, entry) for name, entry in entries.items())
+    except PoolConfigError as exc:
+        raise PoolConfigError(f"{source}: {exc}") from exc
+    return PoolConfig(pools, source)
+
+
+def _pool(name: str, entry: object) -> Pool:
+    if not isinstance(entry, dict):
+        raise PoolConfigError(f"pools.{name}: expected a table ([pools.{name}] section), got {entry!r}")
+    unknown = sorted(set(entry) - set(POOL_KEYS))
+    if unknown:
+        raise PoolConfigError(f"pools.{name}: unknown key {unknown[0]!r}; allowed: {', '.join(POOL_KEYS)}")
+    if "tables" not in entry:
+        raise PoolConfigError(f"pools.{name}.tables: missing; list the table patterns of the pool")
+    tables = entry["tables"]
+    fields = {**entry, "tables": tuple(tables) if isinstance(tables, list) else tables}
+    return Pool(name, **fields)

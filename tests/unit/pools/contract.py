@@ -1,0 +1,221 @@
+"""The lease store contract as tests, run against every store (memory, SQLite, PostgreSQL).
+
+A test module subclasses ``LeaseStoreContract`` and provides a ``store`` fixture; each test names the
+invariant of ``airflow_delta_occ.pools.leases.base`` it checks. TTL tests use real time (the SQL stores
+read the database's clock), with TTLs of a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_delta_occ.engine import DeltaLog, Snapshot
+from airflow_delta_occ.engine.planner import TableState, plan_footprint
+from airflow_delta_occ.exceptions import LeaseLostError, LeaseOwnershipError
+from airflow_delta_occ.pools.leases.base import LeaseStore
+from airflow_delta_occ.pools.requests import AuditKind, LeaseRequest, LeaseStatus
+
+from ..engine.logbuilder import LogBuilder, add, commit_info, metadata, protocol
+
+Request = Callable[..., LeaseRequest]
+
+
+@pytest.fixture
+def table(tmp_path: Path) -> Snapshot:
+    """Partitioned by (date, country): two files in each of DE, FR and IT on 2024-01-01."""
+    b = LogBuilder(tmp_path / "sales")
+    b.commit(commit_info("CREATE TABLE"), protocol(), metadata())
+    b.commit(commit_info(), *(add(f"{c}-{i}.parquet", {"date": "2024-01-01", "country": c})
+                              for c in ("DE", "FR", "IT") for i in range(2)))
+    return DeltaLog.for_table(b.root).snapshot()
+
+
+@pytest.fixture
+def request_for(table: Snapshot) -> Request:
+    def make(owner: str, operation: str, predicate: str | None = None, *, pool: str = "sales", table_key: str = "t",
+             ttl: float = 30.0, max_writers: int | None = None, **planner: Any) -> LeaseRequest:
+        footprint = plan_footprint(table, operation, predicate, label=owner, **planner)
+        return LeaseRequest.of(pool=pool, table=table_key, owner=owner, footprint=footprint,
+                               table_state=TableState.of(table), ttl=ttl, max_writers=max_writers)
+    return make
+
+
+def _wait_until(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+class LeaseStoreContract:
+    """Every store must pass these; subclasses provide the ``store`` fixture."""
+
+    # -- 1: no conflicting holders; a blocked request names what it waits for --------------------
+    def test_disjoint_partitions_are_granted_together(self, store: LeaseStore, request_for: Request) -> None:
+        de = store.acquire(request_for("de", "UPDATE", "country = 'DE'"))
+        fr = store.acquire(request_for("fr", "MERGE", "country = 'FR'",
+                                       write_partitions=[{"date": "2024-01-01", "country": "FR"}]))
+        assert de.granted and fr.granted
+        assert {r.owner for r in store.holders(table="t")} == {"de", "fr"}
+
+    def test_a_conflicting_request_waits_for_the_holder_and_gets_it_on_release(
+            self, store: LeaseStore, request_for: Request) -> None:
+        first = store.acquire(request_for("first", "UPDATE", "country = 'DE'"))
+        second = store.acquire(request_for("second", "DELETE", "country = 'DE' AND id = 3"))
+        assert first.granted and second.status is LeaseStatus.WAITING
+        assert [b.request_id for b in second.blockers] == [first.request_id]
+        assert second.blockers[0].granted and "Concurrent" not in second.blockers[0].reason[:0]
+        assert store.poll(second.request_id, "second").status is LeaseStatus.WAITING
+        assert store.release(first.request_id, "first")
+        assert store.poll(second.request_id, "second").granted
+
+    def test_a_release_grants_the_next_waiter_in_the_same_transaction(
+            self, store: LeaseStore, request_for: Request) -> None:
+        first = store.acquire(request_for("first", "OPTIMIZE"))
+        second = store.acquire(request_for("second", "UPDATE", "country = 'FR'"))
+        store.release(first.request_id, "first")
+        assert [r.owner for r in store.holders()] == ["second"]  # granted without polling
+        assert second.status is LeaseStatus.WAITING
+
+    def test_other_tables_and_pools_never_block(self, store: LeaseStore, request_for: Request) -> None:
+        assert store.acquire(request_for("a", "OPTIMIZE")).granted
+        assert store.acquire(request_for("b", "OPTIMIZE", table_key="other")).granted
+        assert store.acquire(request_for("c", "OPTIMIZE", pool="finance")).granted
+
+    def test_a_metadata_change_conflicts_with_every_writer_of_the_table(
+            self, store: LeaseStore, request_for: Request) -> None:
+        assert store.acquire(request_for("w", "INSERT", write_partitions=[{"date": "2024-01-02",
+                                                                           "country": "ES"}])).granted
+        props = store.acquire(request_for("props", "SET_PROPERTIES", properties={"team": "x"}))
+        assert props.status is LeaseStatus.WAITING
+
+    # -- 4: fairness ------------------------------------------------------------------------------
+    def test_a_later_request_never_overtakes_an_earlier_one_it_conflicts_with(
+            self, store: LeaseStore, request_for: Request) -> None:
+        holder = store.acquire(request_for("holder", "UPDATE", "country = 'DE'"))
+        compaction = store.acquire(request_for("compaction", "OPTIMIZE"))          # waits for holder
+        fr = store.acquire(request_for("fr", "UPDATE", "country = 'FR'"))          # free, but conflicts with compaction
+        append = store.acquire(request_for("append", "INSERT", write_partitions=[{"date": "2024-01-02",
+                                                                                   "country": "ES"}]))
+        assert holder.granted and not compaction.granted
+        assert fr.status is LeaseStatus.WAITING
+        assert [b.request_id for b in fr.blockers] == [compaction.request_id] and not fr.blockers[0].granted
+        assert append.granted  # conflicts with nobody holding or waiting: granted at once
+        store.release(holder.request_id, "holder")
+        assert store.poll(compaction.request_id, "compaction").granted
+        assert store.poll(fr.request_id, "fr").status is LeaseStatus.WAITING
+        store.release(compaction.request_id, "compaction")
+        assert store.poll(fr.request_id, "fr").granted
+
+    # -- 2: writer limit --------------------------------------------------------------------------
+    def test_the_writer_limit_counts_every_table_of_the_pool(self, store: LeaseStore, request_for: Request) -> None:
+        a = store.acquire(request_for("a", "UPDATE", "country = 'DE'", max_writers=2))
+        b = store.acquire(request_for("b", "UPDATE", "country = 'FR'", max_writers=2, table_key="t2"))
+        c = store.acquire(request_for("c", "UPDATE", "country = 'IT'", max_writers=2))
+        assert a.granted and b.granted and c.status is LeaseStatus.WAITING
+        assert c.blockers[0].request_id is None and "writer limit of 2" in c.blockers[0].reason
+        store.release(b.request_id, "b")
+        assert store.poll(c.request_id, "c").granted
+
+    # -- 7: one request per owner and table -------------------------------------------------------
+    def test_acquiring_again_returns_the_same_request_and_a_replan_keeps_its_place(
+            self, store: LeaseStore, request_for: Request) -> None:
+        holder = store.acquire(request_for("holder", "UPDATE", "country = 'DE'"))
+        waiter = store.acquire(request_for("waiter", "UPDATE", "country = 'DE'"))
+        later = store.acquire(request_for("later", "DELETE", "country = 'DE'"))
+        again = store.acquire(request_for("waiter", "UPDATE", "country = 'DE' AND date = '2024-01-01'"))
+        assert again.request_id == waiter.request_id and again.record is not None and waiter.record is not None
+        assert again.record.seq == waiter.record.seq < later.record.seq  # type: ignore[union-attr]
+        assert "REPLAN" in {e.kind.name for e in store.history(table="t")}
+        assert store.acquire(request_for("holder", "OPTIMIZE")).request_id == holder.request_id
+        store.release(holder.request_id, "holder")
+        assert store.poll(waiter.request_id, "waiter").granted  # still first in line after re-planning
+
+    # -- 6: ownership, idempotent release ---------------------------------------------------------
+    def test_only_the_owner_can_renew_poll_or_release(self, store: LeaseStore, request_for: Request) -> None:
+        mine = store.acquire(request_for("try-1", "UPDATE", "country = 'DE'"))
+        with pytest.raises(LeaseOwnershipError, match="belongs to 'try-1'"):
+            store.release(mine.request_id, "try-2")
+        with pytest.raises(LeaseOwnershipError):
+            store.renew(mine.request_id, "try-2")
+        with pytest.raises(LeaseOwnershipError):
+            store.poll(mine.request_id, "try-2")
+        assert [r.owner for r in store.holders()] == ["try-1"]
+        assert store.release(mine.request_id, "try-1") is True
+        assert store.release(mine.request_id, "try-1") is False
+        assert store.poll(mine.request_id, "try-1").status is LeaseStatus.GONE
+        with pytest.raises(LeaseLostError, match="gone"):
+            store.renew(mine.request_id, "try-1")
+
+    def test_a_waiting_request_cannot_be_renewed_and_cancelling_it_is_recorded(
+            self, store: LeaseStore, request_for: Request) -> None:
+        store.acquire(request_for("holder", "OPTIMIZE"))
+        waiter = store.acquire(request_for("waiter", "OPTIMIZE"))
+        with pytest.raises(LeaseLostError, match="still waiting"):
+            store.renew(waiter.request_id, "waiter")
+        assert store.release(waiter.request_id, "waiter")
+        assert store.waiters() == []
+        assert store.history()[-1].kind is AuditKind.CANCEL
+
+    # -- 5: expiry --------------------------------------------------------------------------------
+    def test_a_holder_that_stops_renewing_loses_its_lease_and_the_waiter_gets_it(
+            self, store: LeaseStore, request_for: Request) -> None:
+        dead = store.acquire(request_for("dead", "UPDATE", "country = 'DE'", ttl=0.5))
+        waiter = store.acquire(request_for("waiter", "UPDATE", "country = 'DE'", ttl=30))
+        assert dead.granted and not waiter.granted
+        _wait_until(lambda: store.poll(waiter.request_id, "waiter").granted)
+        kinds = [(e.owner, e.kind) for e in store.history()]
+        assert ("dead", AuditKind.EXPIRE) in kinds
+        with pytest.raises(LeaseLostError):
+            store.renew(dead.request_id, "dead")
+        assert store.release(dead.request_id, "dead") is False
+
+    def test_renewing_keeps_the_lease_past_its_ttl(self, store: LeaseStore, request_for: Request) -> None:
+        held = store.acquire(request_for("held", "UPDATE", "country = 'DE'", ttl=0.6))
+        waiter = store.acquire(request_for("waiter", "UPDATE", "country = 'DE'"))
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            record = store.renew(held.request_id, "held")
+            assert record.status is LeaseStatus.GRANTED
+            assert store.poll(waiter.request_id, "waiter").status is LeaseStatus.WAITING
+            time.sleep(0.15)
+        assert AuditKind.RENEW in {e.kind for e in store.history()}
+
+    def test_a_waiter_that_stops_polling_is_abandoned_and_blocks_nobody(
+            self, store: LeaseStore, request_for: Request) -> None:
+        holder = store.acquire(request_for("holder", "UPDATE", "country = 'DE'"))
+        gone = store.acquire(request_for("gone", "OPTIMIZE", ttl=0.4))
+        fr = store.acquire(request_for("fr", "UPDATE", "country = 'FR'"))
+        assert holder.granted and not fr.granted  # behind the compaction
+        _wait_until(lambda: store.poll(fr.request_id, "fr").granted)
+        assert ("gone", AuditKind.ABANDON) in [(e.owner, e.kind) for e in store.history()]
+        assert store.poll(gone.request_id, "gone").status is LeaseStatus.GONE
+
+    # -- 8: audit ---------------------------------------------------------------------------------
+    def test_the_audit_records_every_step_with_owner_table_and_summary(
+            self, store: LeaseStore, request_for: Request) -> None:
+        a = store.acquire(request_for("a", "UPDATE", "country = 'DE'"))
+        store.renew(a.request_id, "a")
+        store.release(a.request_id, "a")
+        store.acquire(request_for("b", "OPTIMIZE", table_key="other"))
+        events = store.history(table="t")
+        assert [e.kind for e in events] == [AuditKind.REQUEST, AuditKind.GRANT, AuditKind.RENEW, AuditKind.RELEASE]
+        assert all(e.owner == "a" and e.table == "t" and e.pool == "sales" for e in events)
+        assert "UPDATE 'a' planned at version 1" in events[0].summary and "country=DE" in events[0].summary
+        assert LeaseRequest.from_json(__import__("json").loads(events[0].detail)).owner == "a"
+        assert events[1].at >= events[0].at and events[1].detail.startswith("waited ")
+        assert [e.owner for e in store.history(limit=2)] == ["a", "b"][-2:] or len(store.history(limit=2)) == 2
+        assert len(store.history(limit=2)) == 2 and store.history(limit=2)[-1].owner == "b"
+        assert [r.owner for r in store.records(table="other")] == ["b"]
+
+    def test_states_have_json_forms(self, store: LeaseStore, request_for: Request) -> None:
+        store.acquire(request_for("a", "OPTIMIZE"))
+        waiting = store.acquire(request_for("b", "OPTIMIZE"))
+        doc = waiting.to_json()
+        assert doc["status"] == "waiting" and doc["record"]["owner"] == "b" and doc["blockers"][0]["owner"] == "a"
+        assert waiting.waited is not None and waiting.waited >= 0

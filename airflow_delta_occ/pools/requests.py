@@ -154,6 +154,19 @@ class LeaseRecord:
                 "seq": self.seq, "status": self.status.value, "summary": self.summary,
                 "requested_at": self.requested_at, "granted_at": self.granted_at, "expires_at": self.expires_at}
 
+    @classmethod
+    def from_json(cls, data: object) -> LeaseRecord:
+        """Raises ``LeaseRequestError`` when ``data`` is not ``to_json``'s form."""
+        doc = _object(data, "lease record")
+        try:
+            return cls(request_id=str(doc["request_id"]), pool=str(doc["pool"]), table=str(doc["table"]),
+                       owner=str(doc["owner"]), seq=int(doc["seq"]), status=LeaseStatus(doc["status"]),
+                       summary=str(doc["summary"]), requested_at=float(doc["requested_at"]),
+                       granted_at=None if doc["granted_at"] is None else float(doc["granted_at"]),
+                       expires_at=float(doc["expires_at"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise LeaseRequestError(f"lease record: {exc!r}") from exc
+
 
 @dataclass(frozen=True)
 class Blocker:
@@ -166,6 +179,12 @@ class Blocker:
 
     def to_json(self) -> dict[str, Any]:
         return {"reason": self.reason, "request_id": self.request_id, "owner": self.owner, "granted": self.granted}
+
+    @classmethod
+    def from_json(cls, data: object) -> Blocker:
+        doc = _object(data, "blocker")
+        return cls(reason=str(doc.get("reason", "")), request_id=_optional_str(doc.get("request_id")),
+                   owner=_optional_str(doc.get("owner")), granted=doc.get("granted") is True)
 
 
 @dataclass(frozen=True)
@@ -194,6 +213,31 @@ class LeaseState:
         return {"request_id": self.request_id, "status": self.status.value, "checked_at": self.checked_at,
                 "record": None if self.record is None else self.record.to_json(),
                 "blockers": [b.to_json() for b in self.blockers]}
+
+    @classmethod
+    def from_json(cls, data: object) -> LeaseState:
+        """Raises ``LeaseRequestError`` when ``data`` is not ``to_json``'s form (a trigger event carries it)."""
+        doc = _object(data, "lease state")
+        blockers = doc.get("blockers") or []
+        if not isinstance(blockers, list):
+            raise LeaseRequestError("lease state: blockers must be an array")
+        try:
+            return cls(request_id=str(doc["request_id"]), status=LeaseStatus(doc["status"]),
+                       checked_at=float(doc["checked_at"]),
+                       record=None if doc.get("record") is None else LeaseRecord.from_json(doc["record"]),
+                       blockers=tuple(Blocker.from_json(b) for b in blockers))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise LeaseRequestError(f"lease state: {exc!r}") from exc
+
+
+def _object(data: object, what: str) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise LeaseRequestError(f"a {what} must be an object, got {type(data).__name__}")
+    return data
+
+
+def _optional_str(value: object) -> str | None:
+    return None if value is None else str(value)
 
 
 class AuditKind(StrEnum):

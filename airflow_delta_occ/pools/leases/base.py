@@ -83,6 +83,10 @@ class LeaseStore(ABC):
 
     def __init__(self, *, judge: PairJudge | None = None) -> None:
         self.judge = judge or PairJudge()
+        self._pool_of: dict[str, str] = {}   # this process's requests: their pool never changes
+
+    def _pool(self, request_id: str) -> str | None:
+        return self._pool_of.get(request_id) or self._locate(request_id)
 
     # -- storage, per store ----------------------------------------------------------------------
     @abstractmethod
@@ -119,6 +123,9 @@ class LeaseStore(ABC):
                 txn.insert(Row(record, request))
                 self._audit(txn, record, AuditKind.REQUEST, _request_detail(request))
                 request_id = record.request_id
+                if len(self._pool_of) > 10_000:
+                    self._pool_of.clear()
+                self._pool_of[request_id] = request.pool
             else:
                 request_id = mine.request_id
                 if mine.record.status is LeaseStatus.WAITING and mine.request != request:
@@ -133,7 +140,7 @@ class LeaseStore(ABC):
         Raises:
             LeaseOwnershipError: ``owner`` does not own the request.
         """
-        pool = self._locate(request_id)
+        pool = self._pool(request_id)
         if pool is None:
             return LeaseState(request_id, LeaseStatus.GONE, checked_at=0.0)
         with self._locked(pool) as txn:
@@ -149,7 +156,7 @@ class LeaseStore(ABC):
             LeaseLostError: the lease expired or was released (the job no longer has the pool's protection).
             LeaseOwnershipError: ``owner`` does not own it.
         """
-        pool = self._locate(request_id)
+        pool = self._pool(request_id)
         if pool is not None:
             with self._locked(pool) as txn:
                 self._expire(txn)
@@ -171,7 +178,8 @@ class LeaseStore(ABC):
         Raises:
             LeaseOwnershipError: ``owner`` does not own it (nothing is changed).
         """
-        pool = self._locate(request_id)
+        pool = self._pool(request_id)
+        self._pool_of.pop(request_id, None)
         if pool is None:
             return False
         with self._locked(pool) as txn:

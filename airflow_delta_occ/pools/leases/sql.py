@@ -129,7 +129,7 @@ class SqlLeaseStore(LeaseStore):
         return int(found[0]), float(found[1])
 
     def _locate(self, request_id: str) -> str | None:
-        with self._errors("find a request"), self.engine.connect() as conn:
+        with self._errors("find a request"), self._reading() as conn:
             pool = conn.execute(sa.select(leases_table.c.pool).where(leases_table.c.request_id == request_id)
                                 ).scalar_one_or_none()
         return None if pool is None else str(pool)
@@ -140,7 +140,7 @@ class SqlLeaseStore(LeaseStore):
             query = query.where(leases_table.c.pool == pool)
         if table is not None:
             query = query.where(leases_table.c.table_key == table)
-        with self._errors("list leases"), self.engine.connect() as conn:
+        with self._errors("list leases"), self._reading() as conn:
             return [_record(r) for r in conn.execute(query)]
 
     def history(self, *, pool: str | None = None, table: str | None = None, limit: int = 100) -> list[AuditEvent]:
@@ -149,9 +149,13 @@ class SqlLeaseStore(LeaseStore):
             query = query.where(audit_table.c.pool == pool)
         if table is not None:
             query = query.where(audit_table.c.table_key == table)
-        with self._errors("read the audit"), self.engine.connect() as conn:
+        with self._errors("read the audit"), self._reading() as conn:
             rows = list(conn.execute(query))
         return newest([_event(r) for r in reversed(rows)], limit)
+
+    def _reading(self) -> Connection:
+        """A connection for reads that decide nothing: on SQLite a deferred transaction, not the write lock."""
+        return self.engine.connect().execution_options(delta_occ_read_only=True)
 
     def prune_history(self, before: float) -> int:
         """Delete audit events older than ``before`` (epoch seconds); returns how many (run it on a schedule)."""
@@ -287,7 +291,8 @@ def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
 
 
 def _sqlite_begin(conn: Connection) -> None:
-    conn.exec_driver_sql("BEGIN IMMEDIATE")
+    read_only = conn.get_execution_options().get("delta_occ_read_only", False)
+    conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
 def _safe(url: str) -> str:

@@ -113,8 +113,8 @@ class LeaseStore(ABC):
         """Queue ``request`` (or find the owner's existing one for the table) and grant it if the rule allows."""
         request.check()
         with self._locked(request.pool) as txn:
-            mine = next((r for r in txn.rows() if r.record.table == request.table and r.record.owner == request.owner),
-                        None)
+            live = self._expire(txn)   # an expired request of this owner is gone: it asks anew
+            mine = next((r for r in live if r.record.table == request.table and r.record.owner == request.owner), None)
             if mine is None:
                 record = LeaseRecord(request_id=uuid.uuid4().hex, pool=request.pool, table=request.table,
                                      owner=request.owner, seq=txn.next_seq(), status=LeaseStatus.WAITING,
@@ -128,10 +128,13 @@ class LeaseStore(ABC):
                 self._pool_of[request_id] = request.pool
             else:
                 request_id = mine.request_id
-                if mine.record.status is LeaseStatus.WAITING and mine.request != request:
-                    record = replace(mine.record, summary=request.summary, expires_at=txn.now + request.ttl)
-                    txn.update(Row(record, request, mine.revision + 1))
-                    self._audit(txn, record, AuditKind.REPLAN, _request_detail(request))
+                if mine.record.status is LeaseStatus.WAITING:  # asking again is a heartbeat, maybe a re-plan
+                    replanned = mine.request != request
+                    record = replace(mine.record, summary=request.summary if replanned else mine.record.summary,
+                                     expires_at=txn.now + request.ttl)
+                    txn.update(Row(record, request if replanned else mine.request, mine.revision + int(replanned)))
+                    if replanned:
+                        self._audit(txn, record, AuditKind.REPLAN, _request_detail(request))
             return self._settle(txn, request_id)
 
     def poll(self, request_id: str, owner: str) -> LeaseState:
@@ -144,6 +147,7 @@ class LeaseStore(ABC):
         if pool is None:
             return LeaseState(request_id, LeaseStatus.GONE, checked_at=0.0)
         with self._locked(pool) as txn:
+            self._expire(txn)  # a waiter that polls after its TTL was abandoned, whoever noticed first
             row = self._own(txn, request_id, owner)
             if row is not None and row.record.status is LeaseStatus.WAITING:
                 txn.update(replace(row, record=replace(row.record, expires_at=txn.now + row.request.ttl)))

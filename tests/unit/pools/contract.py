@@ -196,6 +196,23 @@ class LeaseStoreContract:
         assert ("gone", AuditKind.ABANDON) in [(e.owner, e.kind) for e in store.history()]
         assert store.poll(gone.request_id, "gone").status is LeaseStatus.GONE
 
+    def test_a_waiter_that_polls_after_its_ttl_finds_its_request_gone(
+            self, store: LeaseStore, request_for: Request) -> None:
+        store.acquire(request_for("holder", "OPTIMIZE"))
+        late = store.acquire(request_for("late", "OPTIMIZE", ttl=0.3))
+        time.sleep(0.5)
+        assert store.poll(late.request_id, "late").status is LeaseStatus.GONE
+        again = store.acquire(request_for("late", "OPTIMIZE", ttl=0.3))
+        assert again.request_id != late.request_id and again.status is LeaseStatus.WAITING
+
+    def test_asking_again_while_waiting_is_a_heartbeat(self, store: LeaseStore, request_for: Request) -> None:
+        store.acquire(request_for("holder", "OPTIMIZE"))
+        first = store.acquire(request_for("waiter", "OPTIMIZE", ttl=0.5))
+        for _ in range(4):
+            time.sleep(0.2)
+            assert store.acquire(request_for("waiter", "OPTIMIZE", ttl=0.5)).request_id == first.request_id
+        assert AuditKind.REPLAN not in {e.kind for e in store.history()}
+
     # -- 8: audit ---------------------------------------------------------------------------------
     def test_the_audit_records_every_step_with_owner_table_and_summary(
             self, store: LeaseStore, request_for: Request) -> None:

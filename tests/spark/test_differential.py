@@ -30,7 +30,8 @@ from airflow_delta_occ.engine import DeltaLog, IsolationLevel, Transaction, chec
 from airflow_delta_occ.engine.actions import parse_json_actions
 from airflow_delta_occ.engine.conflicts import WinningCommit
 from airflow_delta_occ.engine.errors import DeltaConcurrentModificationException
-from airflow_delta_occ.engine.planner import Operation, plan_footprint, verdict
+from airflow_delta_occ.engine.planner import Operation, TableState, can_conflict, plan_footprint, verdict
+from airflow_delta_occ.pools.compare import PlannedJob, compact, lease_verdict
 
 from .differential.harness import run_interleaved
 
@@ -195,6 +196,11 @@ PLANNER_CONSERVATIVE: dict[str, str] = {
 }
 
 
+# Scenarios where a conflict pool's lease verdict (partition level, see pools/compare.py) says "conflict" although
+# the planner, judging both commit orders at the base snapshot, says they cannot; mirrored in docs/pools.md.
+LEASE_CONSERVATIVE: dict[str, str] = {}
+
+
 def _scenario_id(s: tuple[str, str, bool, bool, str, bool, str | None]) -> str:
     a, b, partitioned, dv, level, same, _ = s
     return (f"{a}-vs-{b}-{'part' if partitioned else 'unpart'}-{'dv' if dv else 'nodv'}-{level}-"
@@ -289,8 +295,18 @@ def test_engine_and_planner_agree_with_delta_spark(spark: Any, base_tables: Any,
                               else {"team": "x"} if op.kind is Operation.SET_PROPERTIES else None)
 
     planned = verdict(winner=footprint(b, b_part), loser=footprint(a, a_part), snapshot=base, model="delta")
+    sid = _scenario_id(scenario)
     if result.a_outcome is not None:
         assert planned.conflict, f"planner missed a real {result.a_outcome}: {planned.reason}"
     elif planned.conflict:
-        sid = _scenario_id(scenario)
         assert sid in PLANNER_CONSERVATIVE, f"planner is conservative in an unlisted case {sid}: {planned.reason}"
+
+    # A pool never grants both when delta-spark fails one of them or the planner says they can conflict. It
+    # cannot know which commits first, so its reference is the planner's verdict over both orders.
+    state = TableState.of(base)
+    fa, fb = footprint(a, a_part), footprint(b, b_part)
+    leased = lease_verdict(PlannedJob(compact(fa), state), PlannedJob(compact(fb), state), "delta")
+    if result.a_outcome is not None or planned.conflict:
+        assert leased.conflict, f"a pool would grant both: {leased.reason}"
+    elif leased.conflict and not can_conflict(fa, fb, base, "delta").conflict:
+        assert sid in LEASE_CONSERVATIVE, f"lease verdict is conservative in an unlisted case {sid}: {leased.reason}"

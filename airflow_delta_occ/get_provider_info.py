@@ -18,7 +18,8 @@ def get_provider_info() -> dict[str, Any]:
             }
         ],
         "operators": [{"integration-name": "Delta Lake OCC", "python-modules": ["airflow_delta_occ.operators.delta"]}],
-        "hooks": [{"integration-name": "Delta Lake OCC", "python-modules": ["airflow_delta_occ.hooks.delta"]}],
+        "hooks": [{"integration-name": "Delta Lake OCC",
+                   "python-modules": ["airflow_delta_occ.hooks.delta", "airflow_delta_occ.hooks.leases"]}],
         "connection-types": [
             {
                 "connection-type": "delta_occ",
@@ -35,7 +36,18 @@ def get_provider_info() -> dict[str, Any]:
                     "master": {"label": "Embedded master", "schema": {"type": ["string", "null"],
                                                                       "default": "local[2]"}},
                 },
-            }
+            },
+            {
+                "connection-type": "delta_occ_leases",
+                "hook-class-name": "airflow_delta_occ.hooks.leases.DeltaLeaseStoreHook",
+                "hook-name": "Delta conflict pool lease store (airflow-delta-occ)",
+                "conn-fields": {
+                    "backend": {"label": "Backend", "description": "postgresql (several hosts) or sqlite (one host)",
+                                "schema": {"type": ["string", "null"], "enum": ["postgresql", "sqlite", None]}},
+                    "path": {"label": "SQLite file", "description": "absolute path of the SQLite database file",
+                             "schema": {"type": ["string", "null"]}},
+                },
+            },
         ],
         "config": {
             "delta_occ": {

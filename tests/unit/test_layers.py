@@ -21,7 +21,8 @@ PURE = sorted([f"airflow_delta_occ.engine.{m.name}" for m in pkgutil.iter_module
               + [m.name for m in pkgutil.walk_packages(airflow_delta_occ.pools.__path__, "airflow_delta_occ.pools.")]
               + ["airflow_delta_occ.retry.classify", "airflow_delta_occ.retry.policy",
                  "airflow_delta_occ.exceptions"])
-AIRFLOW_SIDE = ["airflow_delta_occ.operators.delta", "airflow_delta_occ.hooks.delta", "airflow_delta_occ.retry.airflow",
+AIRFLOW_SIDE = ["airflow_delta_occ.operators.delta", "airflow_delta_occ.hooks.delta",
+                "airflow_delta_occ.hooks.leases", "airflow_delta_occ.retry.airflow",
                 "airflow_delta_occ.config", "airflow_delta_occ.get_provider_info"]
 
 

@@ -1,0 +1,108 @@
+"""``DeltaLeaseStoreHook``: the conflict pools' lease store, reached through an Airflow connection.
+
+Connection type ``delta_occ_leases`` (default id ``delta_occ_leases``):
+
+* PostgreSQL (several workers or hosts): host, port, schema (the database), login and password
+  (masked by Airflow), extra ``{"backend": "postgresql"}`` (the default when a host is set);
+* SQLite (one host): extra ``{"backend": "sqlite", "path": "/var/lib/airflow/delta_leases.db"}``;
+* or a full SQLAlchemy URL in the extra ``url`` (its password is better kept in the password field,
+  which replaces the URL's).
+
+There is no silent default: a pool whose store is not configured fails with ``LeaseStoreError``
+naming the connection, because a SQLite file per worker would let conflicting jobs run together.
+The store itself (``pools.leases.sql``) takes a URL and imports no Airflow, so a trigger or a CLI
+opens the same store from the same connection.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowNotFoundException
+
+from airflow_delta_occ.exceptions import LeaseStoreError
+
+BACKENDS = ("postgresql", "sqlite")
+
+
+def store_url(*, backend: str | None, host: str | None, port: int | None, schema: str | None,
+              login: str | None, password: str | None, extra: dict[str, Any]) -> str:
+    """The SQLAlchemy URL a ``delta_occ_leases`` connection describes (pure, so it is tested without Airflow).
+
+    Raises:
+        LeaseStoreError: the connection names no store, or an unknown backend.
+    """
+    import sqlalchemy as sa
+
+    if extra.get("url"):
+        url = sa.engine.make_url(str(extra["url"]))
+        return url.set(password=password).render_as_string(hide_password=False) if password else str(url)
+    chosen = (backend or extra.get("backend") or ("postgresql" if host else "")).lower()
+    if chosen == "sqlite":
+        path = extra.get("path") or host
+        if not path or not str(path).startswith("/"):
+            raise LeaseStoreError("a SQLite lease store needs an absolute file path in the extra 'path'")
+        return f"sqlite:///{path}"
+    if chosen == "postgresql":
+        if not host:
+            raise LeaseStoreError("a PostgreSQL lease store needs a host")
+        url = sa.engine.URL.create("postgresql+psycopg2", username=login or None, password=password or None,
+                                   host=host, port=port or 5432, database=schema or None)
+        return url.render_as_string(hide_password=False)
+    raise LeaseStoreError(f"the lease store connection names no store: set extra 'backend' to one of "
+                          f"{', '.join(BACKENDS)} (got {chosen!r}), or extra 'url'")
+
+
+class DeltaLeaseStoreHook(BaseHook):
+    """Opens the lease store a ``delta_occ_leases`` connection describes."""
+
+    conn_name_attr = "lease_conn_id"
+    default_conn_name = "delta_occ_leases"
+    conn_type = "delta_occ_leases"
+    hook_name = "Delta conflict pool lease store (airflow-delta-occ)"
+
+    def __init__(self, lease_conn_id: str = default_conn_name) -> None:
+        super().__init__()
+        self.lease_conn_id = lease_conn_id
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        return {"relabeling": {"schema": "Database"},
+                "placeholders": {"host": "PostgreSQL host (leave empty for SQLite)",
+                                 "extra": '{"backend": "sqlite", "path": "/var/lib/airflow/delta_leases.db"}'}}
+
+    @functools.cached_property
+    def url(self) -> str:
+        """The store's SQLAlchemy URL.
+
+        Raises:
+            LeaseStoreError: the connection does not exist or names no store.
+        """
+        try:
+            conn = self.get_connection(self.lease_conn_id)
+        except AirflowNotFoundException as exc:
+            raise LeaseStoreError(
+                f"conflict pools need a lease store: create the Airflow connection {self.lease_conn_id!r} of type "
+                "delta_occ_leases (PostgreSQL for several hosts, SQLite for one); see docs/pools.md") from exc
+        return store_url(backend=None, host=conn.host, port=conn.port, schema=conn.schema, login=conn.login,
+                         password=conn.password, extra=dict(conn.extra_dejson))
+
+    def get_store(self) -> Any:
+        """A ``SqlLeaseStore`` on the connection's database (tables are created on first use)."""
+        from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
+
+        return SqlLeaseStore(self.url)
+
+    def test_connection(self) -> tuple[bool, str]:
+        """The UI's test button: open the store and list its leases."""
+        try:
+            store = self.get_store()
+            try:
+                held = len(store.holders())
+            finally:
+                store.close()
+        except Exception as exc:  # the button reports any failure as text
+            return False, str(exc)
+        return True, f"lease store reachable; {held} leases held"

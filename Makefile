@@ -42,6 +42,7 @@ bench: setup
 	$(PY) benchmarks/snapshot_load.py
 	$(PY) benchmarks/conflict_check.py
 	$(PY) benchmarks/plan_footprint.py
+	$(PY) benchmarks/leases.py
 
 demo: setup
 	$(PY) -m airflow_delta_occ.demo --dags-folder dags_examples

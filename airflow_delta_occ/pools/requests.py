@@ -6,6 +6,8 @@ and a CLI can print a listing without importing Spark or reading the table.
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -78,6 +80,11 @@ class LeaseRequest:
     @property
     def planned(self) -> PlannedJob:
         return PlannedJob(self.footprint, self.table_state)
+
+    @functools.cached_property
+    def json_text(self) -> str:
+        """``to_json`` as compact, key-sorted text, computed once (stores write it, the audit quotes it)."""
+        return json.dumps(self.to_json(), separators=(",", ":"), sort_keys=True)
 
     def to_json(self) -> dict[str, Any]:
         return {"pool": self.pool, "table": self.table, "owner": self.owner, "footprint": self.footprint.to_json(),

@@ -69,6 +69,12 @@ class MemoryLeaseStore(LeaseStore):
             self._pools[pool] = draft
             self._events = events
 
+    def _read(self, pool: str) -> tuple[list[Row], float]:
+        with self._lock:
+            state = self._pools.get(pool)
+            rows = sorted(state.rows.values(), key=lambda r: r.record.seq) if state else []
+            return rows, self.clock()
+
     def _locate(self, request_id: str) -> str | None:
         with self._lock:
             return next((name for name, p in self._pools.items() if request_id in p.rows), None)

@@ -94,6 +94,8 @@ class SqlLeaseStore(LeaseStore):
         if self.dialect not in ("sqlite", "postgresql"):
             raise LeaseStoreError(f"the lease store supports SQLite and PostgreSQL, not {self.dialect}")
         self._requests: OrderedDict[tuple[str, int], LeaseRequest] = OrderedDict()
+        database = self.engine.url.database if self.dialect == "sqlite" else None
+        self._queue_path = f"{database}.lock" if database and database != ":memory:" else None
         self._known_pools: set[str] = set()
         with self._errors("create the lease tables"), self.engine.begin() as conn:
             if self.dialect == "postgresql":
@@ -106,27 +108,65 @@ class SqlLeaseStore(LeaseStore):
     # -- storage primitives ---------------------------------------------------------------------
     @contextmanager
     def _locked(self, pool: str) -> Iterator[PoolTransaction]:
-        with self._errors(f"lock pool {pool!r}"), self.engine.begin() as conn:
+        with self._writer_queue(), self._errors(f"lock pool {pool!r}"), self.engine.begin() as conn:
             next_seq, now = self._lock_pool(conn, pool)
             txn = _Transaction(conn, pool, now, next_seq, self)
             yield txn
             txn.flush()
 
+    @contextmanager
+    def _writer_queue(self) -> Iterator[None]:
+        """On SQLite, wait for the write lock in the kernel (``flock`` on ``<db>.lock``), not in SQLite's busy loop.
+
+        SQLite makes a blocked writer sleep and retry with growing pauses (up to 100 ms each), so under
+        many processes one unlucky writer, such as a holder renewing its lease, can wait for seconds
+        and lose its lease. A blocking ``flock`` wakes the next writer as soon as the lock is free. It
+        only queues writers: ``BEGIN IMMEDIATE`` still provides the atomicity.
+        """
+        if self._queue_path is None:
+            yield
+            return
+        import fcntl
+
+        with open(self._queue_path, "a+b") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
     def _lock_pool(self, conn: Connection, pool: str) -> tuple[int, float]:
-        now = _now_sql(self.dialect)
-        query = sa.select(pools_table.c.next_seq, now).where(pools_table.c.name == pool)
-        if self.dialect == "postgresql":
-            query = query.with_for_update()
-        found = conn.execute(query).first()
+        """Lock the pool's row, reserve one arrival number and read the clock: one statement.
+
+        The UPDATE takes the row lock (PostgreSQL) inside the write transaction (SQLite's BEGIN
+        IMMEDIATE already holds the database's); gaps in the numbers are harmless, order is what counts.
+        """
+        bump = (pools_table.update().where(pools_table.c.name == pool)
+                .values(next_seq=pools_table.c.next_seq + 1)
+                .returning(pools_table.c.next_seq, _now_sql(self.dialect)))
+        found = conn.execute(bump).first()
         if found is None:
             if self.dialect == "postgresql":
                 from sqlalchemy.dialects.postgresql import insert as pg_insert
                 conn.execute(pg_insert(pools_table).values(name=pool, next_seq=1).on_conflict_do_nothing())
             else:
                 conn.execute(pools_table.insert().values(name=pool, next_seq=1))  # BEGIN IMMEDIATE holds the lock
-            found = conn.execute(query).first()
+            found = conn.execute(bump).first()
             assert found is not None
-        return int(found[0]), float(found[1])
+        return int(found[0]) - 1, float(found[1])
+
+    def _read(self, pool: str) -> tuple[list[Row], float]:
+        with self._errors(f"read pool {pool!r}"), self._reading() as conn:
+            query = sa.select(*_ROW_COLUMNS, _now_sql(self.dialect).label("now")).where(
+                leases_table.c.pool == pool).order_by(leases_table.c.seq)
+            result = list(conn.execute(query))
+            if not result:
+                return [], float(conn.execute(sa.select(_now_sql(self.dialect))).scalar_one())
+            return [self._row(r) for r in result], float(result[0].now)
+
+    def _row(self, r: Any) -> Row:
+        """A stored row with its request (parsed once per revision)."""
+        return Row(_record(r), self.request_of(r.request_id, int(r.revision), r.request), int(r.revision))
 
     def _locate(self, request_id: str) -> str | None:
         with self._errors("find a request"), self._reading() as conn:
@@ -190,6 +230,9 @@ _RECORD_COLUMNS = (leases_table.c.request_id, leases_table.c.pool, leases_table.
                    leases_table.c.granted_at, leases_table.c.expires_at)
 
 
+_ROW_COLUMNS = (*_RECORD_COLUMNS, leases_table.c.revision, leases_table.c.request)
+
+
 def _record(row: Any) -> LeaseRecord:
     return LeaseRecord(request_id=row.request_id, pool=row.pool, table=row.table_key, owner=row.owner,
                        seq=int(row.seq), status=LeaseStatus(row.status), summary=row.summary,
@@ -206,50 +249,85 @@ def _event(row: Any) -> AuditEvent:
 
 @dataclass
 class _Transaction:
-    """The pool's rows read once under the lock; changes are written as they happen, the sequence at the end."""
+    """The pool's rows, read once under the lock; changes are buffered and written at commit in few statements.
+
+    Statements are round trips, and a pool's lock is held for all of them: an acquire writes one
+    INSERT of the request in its final state and one multi-row INSERT of its audit events.
+    """
 
     conn: Connection
     pool: str
     now: float
     _next_seq: int
     store: SqlLeaseStore
-    _rows: list[Row] | None = None
-    _seq_used: bool = field(default=False)
+    _rows: dict[str, Row] | None = None
+    _inserted: set[str] = field(default_factory=set)
+    _changed: dict[str, Row] = field(default_factory=dict)
+    _deleted: set[str] = field(default_factory=set)
+    _events: list[AuditEvent] = field(default_factory=list)
+    _loaded_revisions: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._reserved_end = self._next_seq + 1   # the lock statement reserved one arrival number
 
     def rows(self) -> list[Row]:
         if self._rows is None:
-            query = sa.select(*_RECORD_COLUMNS, leases_table.c.revision, leases_table.c.request).where(
-                leases_table.c.pool == self.pool).order_by(leases_table.c.seq)
-            self._rows = [Row(_record(r), self.store.request_of(r.request_id, int(r.revision), r.request),
-                              int(r.revision)) for r in self.conn.execute(query)]
-        return list(self._rows)
+            query = sa.select(*_ROW_COLUMNS).where(leases_table.c.pool == self.pool).order_by(leases_table.c.seq)
+            self._rows = {r.request_id: self.store._row(r) for r in self.conn.execute(query)}
+            self._loaded_revisions = {i: row.revision for i, row in self._rows.items()}
+        return sorted(self._rows.values(), key=lambda r: r.record.seq)
 
     def next_seq(self) -> int:
         seq = self._next_seq
         self._next_seq += 1
-        self._seq_used = True
         return seq
 
     def insert(self, row: Row) -> None:
-        self.conn.execute(leases_table.insert().values(**_values(row)))
-        self._rows = [*self.rows(), row]
+        self.rows()
+        assert self._rows is not None
+        self._rows[row.request_id] = row
+        self._inserted.add(row.request_id)
 
     def update(self, row: Row) -> None:
-        self.conn.execute(leases_table.update().where(leases_table.c.request_id == row.request_id)
-                          .values(**_values(row)))
-        self._rows = [row if r.request_id == row.request_id else r for r in self.rows()]
+        self.rows()
+        assert self._rows is not None
+        self._rows[row.request_id] = row
+        if row.request_id not in self._inserted:
+            self._changed[row.request_id] = row
 
     def delete(self, request_id: str) -> None:
-        self.conn.execute(leases_table.delete().where(leases_table.c.request_id == request_id))
-        self._rows = [r for r in self.rows() if r.request_id != request_id]
+        self.rows()
+        assert self._rows is not None
+        self._rows.pop(request_id, None)
+        self._changed.pop(request_id, None)
+        if request_id in self._inserted:
+            self._inserted.discard(request_id)
+        else:
+            self._deleted.add(request_id)
 
     def audit(self, event: AuditEvent) -> None:
-        self.conn.execute(audit_table.insert().values(
-            at=event.at, pool=event.pool, table_key=event.table, request_id=event.request_id, owner=event.owner,
-            kind=event.kind.value, summary=event.summary, detail=event.detail))
+        self._events.append(event)
 
     def flush(self) -> None:
-        if self._seq_used:
+        rows = self._rows or {}
+        if self._inserted:
+            self.conn.execute(leases_table.insert(), [_values(rows[i]) for i in sorted(self._inserted)])
+        for row in self._changed.values():
+            record = row.record
+            values: dict[str, Any] = {"status": record.status.value, "granted_at": record.granted_at,
+                                      "expires_at": record.expires_at, "revision": row.revision,
+                                      "summary": record.summary}
+            if row.revision != self._loaded_revisions.get(row.request_id):
+                values["request"] = row.request.json_text
+            self.conn.execute(leases_table.update().where(leases_table.c.request_id == row.request_id)
+                              .values(**values))
+        if self._deleted:
+            self.conn.execute(leases_table.delete().where(leases_table.c.request_id.in_(sorted(self._deleted))))
+        if self._events:
+            self.conn.execute(audit_table.insert(), [
+                {"at": e.at, "pool": e.pool, "table_key": e.table, "request_id": e.request_id, "owner": e.owner,
+                 "kind": e.kind.value, "summary": e.summary, "detail": e.detail} for e in self._events])
+        if self._next_seq > self._reserved_end:
             self.conn.execute(pools_table.update().where(pools_table.c.name == self.pool)
                               .values(next_seq=self._next_seq))
 
@@ -258,7 +336,7 @@ def _values(row: Row) -> dict[str, Any]:
     record = row.record
     return {"request_id": record.request_id, "pool": record.pool, "table_key": record.table, "owner": record.owner,
             "seq": record.seq, "revision": row.revision, "status": record.status.value, "summary": record.summary,
-            "request": json.dumps(row.request.to_json(), separators=(",", ":")),
+            "request": row.request.json_text,
             "requested_at": record.requested_at, "granted_at": record.granted_at, "expires_at": record.expires_at}
 
 
@@ -276,7 +354,9 @@ def _engine(url: str, options: dict[str, Any]) -> Engine:
         sa.event.listen(engine, "connect", _sqlite_connect)
         sa.event.listen(engine, "begin", _sqlite_begin)
         return engine
-    return sa.create_engine(parsed, **{"pool_pre_ping": True, "pool_size": 2, "max_overflow": 4, **options})
+    # No pre-ping: it is one more round trip per operation; a dropped connection fails one call with
+    # LeaseStoreError and is replaced (callers poll again).
+    return sa.create_engine(parsed, **{"pool_size": 2, "max_overflow": 4, "pool_recycle": 1800, **options})
 
 
 def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:

@@ -1,0 +1,229 @@
+"""``DeltaLeaseTrigger``: wait in the triggerer for a conflict pool's lease, keeping the request alive.
+
+A task that asked its pool's lease store for a lease and was told to wait defers to this trigger, so
+the wait costs no worker slot. The trigger polls the store; each poll is also the waiting request's
+heartbeat, so the poll interval is clamped to a third of the request's TTL (a request that misses
+its heartbeat for a TTL is abandoned and stops holding its place in line).
+
+Why it carries the whole request: a request can be dropped while nobody polls it (the triggerer
+restarted, or was stalled past the TTL). The store then answers ``GONE``, and the trigger asks again
+with the same request, under the same owner; the new request id goes into the event. The task resumes
+with ``execute_complete(context, event=...)`` where ``event`` is one of:
+
+* ``{"status": "granted", "request_id", "state": LeaseState.to_json(), "waited": seconds or None,
+  "blockers_seen": [{"request_id", "owner", "reason"}, ...], "reacquired": n}``: the lease is held
+  from the grant on, and its TTL runs: the resumed task must start renewing it within the TTL;
+* ``{"status": "error", "request_id", "message"}``: the connection names no usable store, the request
+  cannot be read, or the store failed ``MAX_FAILURES`` times in a row.
+
+The triggerer must not load pyarrow or Spark for every trigger it runs: the store, the request types
+and the engine they import are loaded inside ``run()``, in a thread. Connections are read with
+``BaseHook.aget_connection`` (in the triggerer, through its supervisor; there is no metadata
+database access here). ``on_kill`` cancels the request when a user marks the deferred task failed
+or successful, or clears it, so a task that no longer waits does not keep its place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterable
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowNotFoundException
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_delta_occ.exceptions import LeaseError, LeaseOwnershipError, LeaseStoreError
+from airflow_delta_occ.hooks.leases import store_url
+
+if TYPE_CHECKING:
+    from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
+    from airflow_delta_occ.pools.requests import Blocker, LeaseRequest
+
+MAX_FAILURES = 10          # consecutive store failures before the task is told (its request is abandoned by then)
+MIN_POLL_INTERVAL = 0.01   # seconds; a zero or negative interval would spin on the store
+MAX_BLOCKERS_SEEN = 50     # the event is stored by Airflow: keep it small
+MAX_REASON_LENGTH = 500
+LOGGED_REASON_LENGTH = 200
+
+
+class DeltaLeaseTrigger(BaseTrigger):
+    """Waits until the lease request ``request_id`` of ``owner`` is granted; see the module docstring.
+
+    :param lease_conn_id: the ``delta_occ_leases`` connection naming the store.
+    :param request_id: the waiting request, as ``acquire`` returned it.
+    :param owner: the task try that owns it (only the owner may poll or cancel it).
+    :param request: ``LeaseRequest.to_json()``, to ask again if the request was dropped.
+    :param poll_interval: seconds between polls; at most a third of the request's TTL is used.
+    """
+
+    def __init__(self, *, lease_conn_id: str, request_id: str, owner: str, request: dict[str, Any],
+                 poll_interval: float = 2.0) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]  # Airflow's BaseTrigger.__init__ is untyped
+        self.lease_conn_id = lease_conn_id
+        self.request_id = request_id
+        self.owner = owner
+        self.request = request
+        self.poll_interval = poll_interval
+        self.current_request_id = request_id   # moves on when a dropped request is asked for again
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{type(self).__module__}.{type(self).__qualname__}",
+                {"lease_conn_id": self.lease_conn_id, "request_id": self.request_id, "owner": self.owner,
+                 "request": self.request, "poll_interval": self.poll_interval})
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        yield TriggerEvent(await self.wait_for_grant())  # type: ignore[no-untyped-call]  # untyped in Airflow
+
+    async def wait_for_grant(self) -> dict[str, Any]:
+        """Poll until granted (asking again when the request is gone); the event payload.
+
+        The store is opened here and closed before the event is yielded, whatever happens.
+        """
+        try:
+            request = await asyncio.to_thread(_parse_request, self.request)
+        except LeaseError as exc:
+            return self._error(f"the deferred lease request cannot be read: {exc}")
+        if request.owner != self.owner:
+            return self._error(f"the deferred lease request belongs to {request.owner!r}, not {self.owner!r}")
+        from airflow_delta_occ.pools.requests import LeaseStatus  # loaded by _parse_request: no I/O here
+
+        try:
+            url = await self._store_url()
+        except (LeaseStoreError, AirflowNotFoundException) as exc:
+            return self._error(f"connection {self.lease_conn_id!r}: {exc}")
+        interval = min(max(self.poll_interval, MIN_POLL_INTERVAL), request.ttl / 3)
+        blockers = _BlockersSeen()
+        store: SqlLeaseStore | None = None
+        failures = reacquired = 0
+        try:
+            while True:
+                try:
+                    if store is None:
+                        store = await asyncio.to_thread(_open_store, url)
+                    state = await asyncio.to_thread(store.poll, self.current_request_id, self.owner)
+                    if state.status is LeaseStatus.GONE:
+                        self.log.info("lease request %s of %s is gone (released, or abandoned while nobody "
+                                      "polled it); asking again for table %s", self.current_request_id,
+                                      self.owner, request.table)
+                        state = await asyncio.to_thread(store.acquire, request)
+                        self.current_request_id = state.request_id
+                        reacquired += 1
+                        self.log.info("asked again: request %s is %s", state.request_id, state.status.value)
+                    failures = 0
+                except LeaseOwnershipError as exc:
+                    return self._error(str(exc))
+                except LeaseStoreError as exc:
+                    failures += 1
+                    if failures >= MAX_FAILURES:
+                        return self._error(f"the lease store failed {failures} times in a row; last: {exc}")
+                    delay = min(interval * 2 ** (failures - 1), request.ttl / 3)
+                    self.log.warning("lease store failed (%d of %d), retrying in %.2f s: %s", failures,
+                                     MAX_FAILURES, delay, exc)
+                    await asyncio.sleep(delay)
+                    continue
+                except LeaseError as exc:
+                    return self._error(str(exc))
+                if state.granted:
+                    self.log.info("lease request %s of %s granted after %s s", state.request_id, self.owner,
+                                  "?" if state.waited is None else f"{state.waited:.3f}")
+                    return {"status": "granted", "request_id": state.request_id, "state": state.to_json(),
+                            "waited": state.waited, "blockers_seen": blockers.seen(), "reacquired": reacquired}
+                for blocker in blockers.update(state.blockers):
+                    self.log.info("lease request %s waits for %s: %s", state.request_id,
+                                  blocker.owner or "the pool's writer limit", blocker.reason[:LOGGED_REASON_LENGTH])
+                await asyncio.sleep(interval)
+        finally:
+            if store is not None:
+                await _close(store)
+
+    async def on_kill(self) -> None:
+        """Cancel the request (or release the lease) so a killed or cleared task does not keep its place.
+
+        Runs after ``run()`` was cancelled and closed its store, so it opens its own. It releases the
+        request it last knew and any other live request of this owner on the table (a re-acquire
+        this instance did not see). Failures are logged: the request is then abandoned after its TTL.
+        """
+        table = self.request.get("table") if isinstance(self.request, dict) else None
+        try:
+            url = await self._store_url()
+            released = await asyncio.to_thread(
+                _release_all, url, {self.request_id, self.current_request_id}, self.owner,
+                table if isinstance(table, str) else None)
+        except (LeaseError, AirflowNotFoundException) as exc:
+            self.log.warning("could not cancel lease request %s of %s (it is abandoned after its TTL): %s",
+                             self.current_request_id, self.owner, exc)
+            return
+        self.log.info("task killed: cancelled lease requests %s of %s", sorted(released) or "(none live)",
+                      self.owner)
+
+    async def _store_url(self) -> str:
+        """The store's URL from the connection, built by the hook's ``store_url`` (one place for that logic).
+
+        Raises:
+            AirflowNotFoundException: no such connection.
+            LeaseStoreError: the connection names no store.
+        """
+        conn = await BaseHook.aget_connection(self.lease_conn_id)
+        return await asyncio.to_thread(   # store_url imports SQLAlchemy: not on the event loop
+            store_url, backend=None, host=conn.host, port=conn.port, schema=conn.schema, login=conn.login,
+            password=conn.password, extra=dict(conn.extra_dejson))
+
+    def _error(self, message: str) -> dict[str, Any]:
+        self.log.error("lease request %s of %s: %s", self.current_request_id, self.owner, message)
+        return {"status": "error", "request_id": self.current_request_id, "message": message}
+
+
+class _BlockersSeen:
+    """The distinct leases and requests a wait was blocked by, and whether the current set changed."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str | None, str | None], dict[str, Any]] = {}
+        self._current: tuple[tuple[str | None, str | None, str], ...] = ()
+
+    def update(self, blockers: Iterable[Blocker]) -> list[Blocker]:
+        """Record ``blockers``; returns them when they differ from the previous poll's (to log), else []."""
+        now = list(blockers)
+        for b in now:
+            if (b.request_id, b.owner) not in self._seen and len(self._seen) < MAX_BLOCKERS_SEEN:
+                self._seen[(b.request_id, b.owner)] = {"request_id": b.request_id, "owner": b.owner,
+                                                       "reason": b.reason[:MAX_REASON_LENGTH]}
+        current = tuple((b.request_id, b.owner, b.reason) for b in now)
+        changed, self._current = current != self._current, current
+        return now if changed else []
+
+    def seen(self) -> list[dict[str, Any]]:
+        return list(self._seen.values())
+
+
+def _parse_request(data: object) -> LeaseRequest:
+    """Runs in a thread: importing the request types loads the engine (and pyarrow)."""
+    from airflow_delta_occ.pools.requests import LeaseRequest
+
+    return LeaseRequest.from_json(data)
+
+
+def _open_store(url: str) -> SqlLeaseStore:
+    from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
+
+    return SqlLeaseStore(url)
+
+
+async def _close(store: SqlLeaseStore) -> None:
+    with contextlib.suppress(Exception):  # closing must not hide the wait's outcome or its cancellation
+        await asyncio.to_thread(store.close)
+
+
+def _release_all(url: str, request_ids: set[str], owner: str, table: str | None) -> set[str]:
+    """Release the given requests and the owner's other live requests on ``table``; the ids released."""
+    store = _open_store(url)
+    try:
+        if table is not None:
+            request_ids = request_ids | {r.request_id for r in store.records(table=table) if r.owner == owner}
+        return {i for i in request_ids if store.release(i, owner)}
+    finally:
+        store.close()
+
+
+__all__ = ["DeltaLeaseTrigger"]

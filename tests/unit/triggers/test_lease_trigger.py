@@ -1,0 +1,206 @@
+"""``DeltaLeaseTrigger`` against a real ``SqlLeaseStore`` on a SQLite file, with real planned requests.
+
+The connection comes from the environment (``AIRFLOW_CONN_<ID>``) and is resolved by the trigger's own
+call, ``BaseHook.aget_connection``. Outside a task (no supervisor comms, no process context) the Task
+SDK searches its fallback chain, which is the environment variables backend; in the triggerer's runner
+the chain is the environment variables backend, then the supervisor (``ExecutionAPISecretsBackend``).
+So the tests take the same first step as the triggerer, and nothing is patched.
+
+The trigger runs on ``asyncio.run`` as the triggerer runs it: ``run()`` iterated for its first event,
+cancelled and then ``on_kill()`` awaited for a user's kill. The store the test holds is a separate
+instance on the same file, as another worker's would be.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import json
+import threading
+import time
+from collections.abc import AsyncGenerator, Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from airflow.triggers.base import TriggerEvent
+
+from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
+from airflow_delta_occ.pools.requests import AuditKind, LeaseRequest, LeaseState, LeaseStatus
+from airflow_delta_occ.triggers.lease import MAX_FAILURES, DeltaLeaseTrigger
+
+from ..pools import contract
+from ..pools.contract import Request
+
+table = contract.table               # fixtures: a hand-written Delta log and requests planned on it
+request_for = contract.request_for
+
+pytestmark = pytest.mark.unit
+
+
+def _connection(monkeypatch: pytest.MonkeyPatch, conn_id: str, extra: dict[str, Any]) -> None:
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "delta_occ_leases",
+                                                                      "extra": extra}))
+
+
+@pytest.fixture
+def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "leases.db"
+    _connection(monkeypatch, "delta_occ_leases", {"backend": "sqlite", "path": str(path)})
+    return path
+
+
+@pytest.fixture
+def store(db: Path) -> Iterator[SqlLeaseStore]:
+    store = SqlLeaseStore(f"sqlite:///{db}")
+    yield store
+    store.close()
+
+
+def _trigger(request: LeaseRequest, request_id: str, *, poll_interval: float = 0.05,
+             lease_conn_id: str = "delta_occ_leases") -> DeltaLeaseTrigger:
+    return DeltaLeaseTrigger(lease_conn_id=lease_conn_id, request_id=request_id, owner=request.owner,
+                             request=request.to_json(), poll_interval=poll_interval)
+
+
+async def _first_event(trigger: DeltaLeaseTrigger, timeout: float = 10.0) -> dict[str, Any]:
+    events = cast(AsyncGenerator[TriggerEvent, None], trigger.run())
+    try:
+        event = await asyncio.wait_for(anext(events), timeout)
+    finally:
+        await events.aclose()
+    payload: dict[str, Any] = event.payload
+    json.dumps(payload)  # Airflow stores the event: it must be plain JSON
+    return payload
+
+
+def _release_later(store: SqlLeaseStore, request_id: str, owner: str, delay: float) -> threading.Timer:
+    timer = threading.Timer(delay, store.release, (request_id, owner))
+    timer.start()
+    return timer
+
+
+def test_a_waiting_request_is_granted_when_the_holder_releases(
+        store: SqlLeaseStore, request_for: Request, capsys: pytest.CaptureFixture[str]) -> None:
+    holder = store.acquire(request_for("holder", "UPDATE", "country = 'DE'"))
+    request = request_for("waiter", "DELETE", "country = 'DE' AND id = 3")
+    waiting = store.acquire(request)
+    assert holder.granted and waiting.status is LeaseStatus.WAITING
+
+    started = time.monotonic()
+    timer = _release_later(store, holder.request_id, "holder", 0.5)
+    payload = asyncio.run(_first_event(_trigger(request, waiting.request_id)))
+    elapsed = time.monotonic() - started
+    timer.join()
+
+    assert payload["status"] == "granted" and payload["request_id"] == waiting.request_id
+    assert payload["reacquired"] == 0
+    assert payload["waited"] >= 0.4 and 0.5 <= elapsed < 2.0
+    assert [(b["request_id"], b["owner"]) for b in payload["blockers_seen"]] == [(holder.request_id, "holder")]
+    assert payload["blockers_seen"][0]["reason"]
+    state = LeaseState.from_json(payload["state"])
+    assert state.granted and state.record is not None and state.record.owner == "waiter"
+    assert [r.owner for r in store.holders()] == ["waiter"]
+    logged = capsys.readouterr().out   # Airflow's structlog writes the trigger's log to stdout
+    assert logged.count("waits for holder") == 1 and "granted after" in logged   # a blocker is logged once
+
+
+def test_an_abandoned_request_is_asked_for_again_and_granted(store: SqlLeaseStore, request_for: Request) -> None:
+    holder = store.acquire(request_for("holder", "OPTIMIZE"))
+    request = request_for("waiter", "UPDATE", "country = 'FR'", ttl=0.6)
+    dropped = store.acquire(request)
+    time.sleep(0.8)   # nobody polled it for longer than its TTL: the triggerer was down
+
+    timer = _release_later(store, holder.request_id, "holder", 1.0)
+    # asks for a 1 s interval; the trigger must poll every 0.2 s (TTL / 3) or the new request is abandoned too
+    payload = asyncio.run(_first_event(_trigger(request, dropped.request_id, poll_interval=1.0)))
+    timer.join()
+
+    assert payload["status"] == "granted" and payload["request_id"] != dropped.request_id
+    assert payload["reacquired"] == 1 and payload["waited"] >= 0.8
+    assert [b["owner"] for b in payload["blockers_seen"]] == ["holder"]
+    events = [(e.request_id, e.kind) for e in store.history()]
+    assert (dropped.request_id, AuditKind.ABANDON) in events
+    assert (payload["request_id"], AuditKind.REQUEST) in events and (payload["request_id"], AuditKind.GRANT) in events
+    assert [kind for _, kind in events].count(AuditKind.ABANDON) == 1
+
+
+def test_serialize_rebuilds_the_same_trigger(request_for: Request) -> None:
+    request = request_for("waiter", "OPTIMIZE")
+    trigger = _trigger(request, "abc123", poll_interval=3.5)
+    classpath, kwargs = trigger.serialize()
+    module, _, name = classpath.rpartition(".")
+    rebuilt = getattr(importlib.import_module(module), name)(**json.loads(json.dumps(kwargs)))
+    assert classpath == "airflow_delta_occ.triggers.lease.DeltaLeaseTrigger"
+    assert rebuilt.serialize() == (classpath, kwargs)
+    assert kwargs == {"lease_conn_id": "delta_occ_leases", "request_id": "abc123", "owner": "waiter",
+                      "request": request.to_json(), "poll_interval": 3.5}
+    assert LeaseRequest.from_json(kwargs["request"]) == request
+
+
+def test_on_kill_cancels_the_waiting_request(store: SqlLeaseStore, request_for: Request) -> None:
+    holder = store.acquire(request_for("holder", "OPTIMIZE"))
+    request = request_for("waiter", "UPDATE", "country = 'FR'")
+    waiting = store.acquire(request)
+    trigger = _trigger(request, waiting.request_id)
+
+    async def kill_while_waiting() -> None:
+        wait = asyncio.create_task(_first_event(trigger))
+        await asyncio.sleep(0.5)
+        assert not wait.done()
+        wait.cancel()      # what the triggerer does on mark failed / success or clear, before on_kill()
+        with contextlib.suppress(asyncio.CancelledError):
+            await wait
+        await trigger.on_kill()
+
+    asyncio.run(kill_while_waiting())
+    assert store.waiters() == [] and [r.request_id for r in store.holders()] == [holder.request_id]
+    assert (waiting.request_id, "waiter", AuditKind.CANCEL) in [(e.request_id, e.owner, e.kind)
+                                                                for e in store.history()]
+
+
+def test_on_kill_also_cancels_a_request_asked_for_by_another_trigger_instance(
+        store: SqlLeaseStore, request_for: Request) -> None:
+    store.acquire(request_for("holder", "OPTIMIZE"))
+    request = request_for("waiter", "UPDATE", "country = 'FR'")
+    again = store.acquire(request)   # the request the trigger knows was dropped and asked for anew elsewhere
+    asyncio.run(_trigger(request, "0" * 32).on_kill())
+    assert store.waiters() == []
+    assert (again.request_id, AuditKind.CANCEL) in [(e.request_id, e.kind) for e in store.history()]
+
+
+@pytest.mark.parametrize("conn_id,extra,message", [
+    ("delta_occ_empty", {}, "names no store"),
+    ("delta_occ_relative", {"backend": "sqlite", "path": "leases.db"}, "absolute file path"),
+    ("delta_occ_missing", None, "delta_occ_missing"),
+])
+def test_a_connection_naming_no_store_yields_an_error(
+        monkeypatch: pytest.MonkeyPatch, request_for: Request, conn_id: str, extra: dict[str, Any] | None,
+        message: str) -> None:
+    if extra is not None:
+        _connection(monkeypatch, conn_id, extra)
+    started = time.monotonic()
+    payload = asyncio.run(_first_event(_trigger(request_for("waiter", "OPTIMIZE"), "abc", lease_conn_id=conn_id),
+                                       timeout=5.0))
+    assert payload["status"] == "error" and message in payload["message"] and payload["request_id"] == "abc"
+    assert time.monotonic() - started < 3.0
+
+
+def test_an_unreachable_store_is_retried_then_reported(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request_for: Request) -> None:
+    _connection(monkeypatch, "delta_occ_gone", {"backend": "sqlite", "path": str(tmp_path / "no-dir" / "x.db")})
+    started = time.monotonic()
+    payload = asyncio.run(_first_event(_trigger(request_for("waiter", "OPTIMIZE", ttl=0.3), "abc",
+                                                poll_interval=0.01, lease_conn_id="delta_occ_gone")))
+    assert payload["status"] == "error" and f"failed {MAX_FAILURES} times in a row" in payload["message"]
+    assert 0.3 < time.monotonic() - started < 5.0   # backed off, bounded by TTL / 3 per retry
+
+
+def test_a_request_of_another_owner_is_refused(store: SqlLeaseStore, request_for: Request) -> None:
+    request = request_for("someone-else", "OPTIMIZE")
+    trigger = DeltaLeaseTrigger(lease_conn_id="delta_occ_leases", request_id="abc", owner="waiter",
+                                request=request.to_json())
+    payload = asyncio.run(_first_event(trigger))
+    assert payload["status"] == "error" and "belongs to 'someone-else'" in payload["message"]
+    assert store.records() == []

@@ -49,6 +49,7 @@ def get_provider_info() -> dict[str, Any]:
                 },
             },
         ],
+        "cli": ["airflow_delta_occ.cli.get_provider_cli_definitions"],
         "config": {
             "delta_occ": {
                 "description": "Defaults of the airflow-delta-occ provider.",

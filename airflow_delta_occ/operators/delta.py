@@ -26,9 +26,12 @@ from airflow_delta_occ.exceptions import (
     CommitNotConfirmedError,
     ConflictSkipped,
     JobSpecError,
+    LeaseLostError,
+    LeaseStoreError,
     MissingPartitionConstraintError,
 )
 from airflow_delta_occ.hooks.delta import DeltaSparkHook
+from airflow_delta_occ.hooks.leases import DeltaLeaseStoreHook
 from airflow_delta_occ.jobs.checks import (
     check_clauses,
     check_one_source,
@@ -53,10 +56,14 @@ from airflow_delta_occ.jobs.spec import JobSpec, MergeClause, RunIdentity, Sourc
 from airflow_delta_occ.retry.airflow import DeltaConflictRetryPolicy
 from airflow_delta_occ.retry.policy import layer_overrides
 
+from . import leasing
+
 if TYPE_CHECKING:  # the engine loads pyarrow: imported when a table is read, not with the operator
     from airflow_delta_occ.engine import Snapshot
     from airflow_delta_occ.engine.expressions import Expr
     from airflow_delta_occ.engine.planner import Footprint
+    from airflow_delta_occ.pools.config import Pool
+    from airflow_delta_occ.pools.leases.base import LeaseStore
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,10 @@ class DeltaBaseOperator(BaseOperator):
     :param conflict_policies: per-exception overrides, e.g.
         ``{"ConcurrentAppendException": {"max_attempts": 8}, "ConcurrentDeleteDeleteException": "skip"}``.
     :param delta_conn_id: the ``delta_occ`` connection (mode, Spark connection); optional.
+    :param conflict_pool: a pool of the pool file (``[delta_occ] pool_file``): the job first takes a
+        lease on its footprint from the pool's lease store, waiting in the triggerer while a
+        conflicting job holds one, and the task runs in the pool's Airflow pool unless ``pool=`` is set.
+    :param lease_conn_id: the ``delta_occ_leases`` connection of the lease store.
     """
 
     template_fields: Sequence[str] = ("table", "table_name", "partitions")
@@ -100,7 +111,9 @@ class DeltaBaseOperator(BaseOperator):
                  source_outside_partitions: str = "fail",
                  conflict_policies: Mapping[str, Any] | None = None,
                  delta_conn_id: str | None = DeltaSparkHook.default_conn_name,
-                 spark_conf: Mapping[str, str] | None = None, idempotent: bool = True, **kwargs: Any) -> None:
+                 spark_conf: Mapping[str, str] | None = None, idempotent: bool = True,
+                 conflict_pool: str | None = None, lease_conn_id: str = DeltaLeaseStoreHook.default_conn_name,
+                 **kwargs: Any) -> None:
         # Everything that does not need the table is checked here, when the DAG file is parsed.
         if (table is None) == (table_name is None):
             raise JobSpecError(f"{type(self).__name__} needs exactly one of table= (path) or table_name=")
@@ -121,6 +134,7 @@ class DeltaBaseOperator(BaseOperator):
         if kwargs.get("retry_policy") is None and (kwargs.get("default_args") or {}).get("retry_policy") is None:
             kwargs["retry_policy"] = DeltaConflictRetryPolicy(self.operation, self._policy_overrides)
         _default_retries(kwargs, kwargs.get("default_args"))
+        _route_to_airflow_pool(kwargs, kwargs.get("default_args"), conflict_pool)
         super().__init__(**kwargs)
         self.table = table
         self.table_name = table_name
@@ -130,6 +144,9 @@ class DeltaBaseOperator(BaseOperator):
         self.delta_conn_id = delta_conn_id
         self.spark_conf = dict(spark_conf or {})
         self.idempotent = idempotent
+        self.conflict_pool = conflict_pool
+        self.lease_conn_id = lease_conn_id
+        self._held_lease: tuple[str, str] | None = None  # (request id, owner) while a job runs with a lease
 
     @classmethod
     def partial(cls, **kwargs: Any) -> Any:
@@ -142,6 +159,7 @@ class DeltaBaseOperator(BaseOperator):
         defaults, _ = get_merged_defaults(dag=dag, task_group=group, task_params=None,
                                           task_default_args=kwargs.get("default_args"))
         _default_retries(kwargs, defaults)
+        _route_to_airflow_pool(kwargs, defaults, kwargs.get("conflict_pool"))
         return super().partial(**kwargs)
 
     # -- building the job -------------------------------------------------------------------------
@@ -200,6 +218,12 @@ class DeltaBaseOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         started = time.monotonic()
         prepared = self.prepare(context)
+        if self.conflict_pool is not None:
+            return self._lease_and_run(context, prepared, started)
+        return self._run_prepared(prepared, started)
+
+    def _run_prepared(self, prepared: PreparedJob, started: float) -> dict[str, Any]:
+        """Run the prepared job in Spark and confirm its commit; the result as the task's XCom value."""
         self.log.info("Delta %s on %s at version %s, condition: %s", prepared.spec.operation,
                       prepared.spec.target.label, prepared.snapshot.version, prepared.spec.condition)
         try:
@@ -211,6 +235,92 @@ class DeltaBaseOperator(BaseOperator):
         self.log.info("committed version %s after %s attempt(s), conflicts: %s", result.version, result.attempts,
                       [c.kind.value for c in result.conflicts])
         return result.to_dict()
+
+    # -- conflict pools: lease -> run -> release (see leasing.py) --------------------------------
+    def execute_complete(self, context: Any, event: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
+        """Resume after the triggerer saw the lease granted: plan the job again (the table may have moved
+        while it waited) and run it with the lease.
+
+        Raises:
+            LeaseStoreError: the trigger reported an error (no usable store, the request unreadable).
+        """
+        if not event or event.get("status") != "granted":
+            message = (event or {}).get("message") or f"unexpected lease trigger event {event!r}"
+            raise LeaseStoreError(f"conflict pool {self.conflict_pool!r}: waiting for a lease failed: {message}")
+        started = time.monotonic()
+        prepared = self.prepare(context)
+        pool = leasing.required_pool(str(self.conflict_pool))
+        owner = leasing.lease_owner(context)
+        leasing.pooled_table(pool, prepared.location)  # a table_name may now resolve elsewhere
+        lease = leasing.HeldLease(pool.name, str(event["request_id"]), owner, float(event.get("waited") or 0.0),
+                                  leasing.blocker_names(event.get("blockers_seen") or []))
+        store = self._lease_store()
+        try:
+            # The TTL ran since the grant; a lease that expired meanwhile is asked for again from scratch.
+            store.renew(lease.request_id, owner)
+        except LeaseLostError as exc:
+            self.log.warning("conflict pool %s: the granted lease %s expired before the task resumed (%s); "
+                             "asking again", pool.name, lease.request_id, exc)
+            store.close()
+            return self._lease_and_run(context, prepared, started)
+        try:
+            return self._run_leased(store, pool, lease, prepared, started)
+        finally:
+            store.close()
+
+    def _lease_and_run(self, context: Any, prepared: PreparedJob, started: float) -> dict[str, Any]:
+        """Ask the pool for a lease on ``prepared``'s footprint: run at once if granted, else defer.
+
+        Raises:
+            PoolConfigError: no pool file, no such pool, or the table is not in it.
+            TaskDeferred: the request waits; the task resumes in ``execute_complete``.
+        """
+        pool = leasing.required_pool(str(self.conflict_pool))
+        owner = leasing.lease_owner(context)
+        request = leasing.lease_request(pool, prepared, owner)
+        store = self._lease_store()
+        try:
+            state = store.acquire(request)
+            if state.granted:
+                lease = leasing.HeldLease(pool.name, state.request_id, owner, state.waited or 0.0, [])
+                return self._run_leased(store, pool, lease, prepared, started)
+        finally:
+            store.close()
+        self.log.info("conflict pool %s: lease request %s on %s waits for %s", pool.name, state.request_id,
+                      request.table, leasing.describe_wait(state))
+        from airflow_delta_occ.triggers.lease import DeltaLeaseTrigger
+
+        self.defer(trigger=DeltaLeaseTrigger(lease_conn_id=self.lease_conn_id, request_id=state.request_id,
+                                             owner=owner, request=request.to_json()),
+                   method_name="execute_complete", timeout=None)
+
+    def _run_leased(self, store: LeaseStore, pool: Pool, lease: leasing.HeldLease, prepared: PreparedJob,
+                    started: float) -> dict[str, Any]:
+        """Run the job while the lease is renewed; release it afterwards (success or failure)."""
+        self.log.info("conflict pool %s: lease %s held by %s (waited %.3f s for %s)", pool.name, lease.request_id,
+                      lease.owner, lease.waited, lease.waited_for or "nobody")
+        self._held_lease = (lease.request_id, lease.owner)
+        try:
+            with leasing.holding(store, lease, pool.heartbeat, self.log):
+                result = self._run_prepared(prepared, started)
+        finally:
+            self._held_lease = None
+        return {**result, "lease": lease.to_json()}
+
+    def _lease_store(self) -> LeaseStore:
+        store: LeaseStore = DeltaLeaseStoreHook(self.lease_conn_id).get_store()
+        return store
+
+    def on_kill(self) -> None:
+        """Release the lease held by a killed task, so the next writer need not wait for its TTL."""
+        held, self._held_lease = self._held_lease, None
+        if held is not None:
+            store = self._lease_store()
+            try:
+                leasing.release_quietly(store, *held, self.log)
+            finally:
+                store.close()
+        super().on_kill()
 
     def prepare(self, context: Any) -> PreparedJob:
         """Read the table's snapshot (no Spark), build the job and plan its footprint.
@@ -268,6 +378,22 @@ def _default_retries(kwargs: dict[str, Any], default_args: Mapping[str, Any] | N
     (or the DAG's ``default_args``) sets it, a Delta task gets ``[delta_occ] task_retries``."""
     if "retries" not in kwargs and "retries" not in (default_args or {}):
         kwargs["retries"] = config.task_retries()
+
+
+def _route_to_airflow_pool(kwargs: dict[str, Any], default_args: Mapping[str, Any] | None,
+                           conflict_pool: str | None) -> None:
+    """A task of a conflict pool runs in the pool's Airflow pool (so the scheduler caps its writers),
+    unless the author (or the DAG's ``default_args``) chose a pool. The pool name is checked here, at
+    parse time, when the pool file is configured.
+
+    Raises:
+        PoolConfigError: the pool file cannot be read or has no such pool.
+    """
+    if conflict_pool is None:
+        return
+    pool = leasing.configured_pool(conflict_pool)
+    if pool is not None and "pool" not in kwargs and "pool" not in (default_args or {}):
+        kwargs["pool"] = pool.airflow_pool
 
 
 SOURCE_OUTSIDE_ACTIONS = ("fail", "drop")

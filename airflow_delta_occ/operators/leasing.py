@@ -1,0 +1,192 @@
+"""Conflict-pool leases for Delta operators: which pool, the request, and holding the lease while a job runs.
+
+``DeltaBaseOperator`` (``conflict_pool=``) asks its pool's lease store for a lease on the job's
+footprint before Spark starts, waits for it in the triggerer when told to, and holds it (renewed by a
+heartbeat thread) while the job runs. The lease is a scheduling aid, not the guard: Delta's own
+commit check still refuses a conflicting commit, so a lease lost mid-job is reported, not fatal.
+
+The DAG processor imports this module with the operators, so it loads no pyarrow: the request
+types (which import the engine) are imported inside the functions that build requests.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from airflow_delta_occ import config
+from airflow_delta_occ.exceptions import LeaseError, LeaseLostError, PoolConfigError
+
+if TYPE_CHECKING:
+    from airflow_delta_occ.pools.config import Pool
+    from airflow_delta_occ.pools.leases.base import LeaseStore
+    from airflow_delta_occ.pools.requests import Blocker, LeaseRequest, LeaseState
+
+    from .delta import PreparedJob
+
+
+class Log(Protocol):
+    """What is logged to: the operator's logger (Airflow's structlog-backed one, or ``logging``'s)."""
+
+    def info(self, msg: str, /, *args: Any) -> Any: ...
+
+    def warning(self, msg: str, /, *args: Any) -> Any: ...
+
+    def error(self, msg: str, /, *args: Any) -> Any: ...
+
+
+# -- which pool -----------------------------------------------------------------------------------
+def configured_pool(name: str) -> Pool | None:
+    """The pool ``name`` of the pool file, or None when no pool file is configured here.
+
+    Used at DAG parse time: a DAG processor without ``[delta_occ] pool_file`` cannot check the name,
+    and the task still fails at run time (``required_pool``) if the worker has no pool file either.
+
+    Raises:
+        PoolConfigError: the pool file cannot be read, or has no pool ``name``; the message names it.
+    """
+    try:
+        pools = config.pool_config()
+        return None if pools is None else pools.get(name)
+    except PoolConfigError as exc:
+        raise PoolConfigError(f"conflict_pool={name!r}: {exc}") from exc
+
+
+def required_pool(name: str) -> Pool:
+    """The pool ``name``; at run time a pool file is needed (a task cannot be leased without one).
+
+    Raises:
+        PoolConfigError: no pool file is configured, it cannot be read, or it has no pool ``name``.
+    """
+    pool = configured_pool(name)
+    if pool is None:
+        raise PoolConfigError(f"conflict_pool={name!r}: no pool file is configured; set [delta_occ] pool_file "
+                              "(see docs/pools.md)")
+    return pool
+
+
+def pooled_table(pool: Pool, location: str) -> str:
+    """The table's normalized location, checked to belong to ``pool``.
+
+    Raises:
+        PoolConfigError: the table is not covered by the pool's patterns (leasing it there would not
+            keep it apart from writers leased in its own pool, or in none).
+    """
+    from airflow_delta_occ.pools.config import normalize_table
+
+    try:
+        table = normalize_table(location)
+    except ValueError as exc:
+        raise PoolConfigError(f"conflict_pool={pool.name!r}: table {location!r}: {exc}") from exc
+    if pool.matching_pattern(table) is None:
+        raise PoolConfigError(f"table {table!r} is not in conflict pool {pool.name!r} (patterns: "
+                              f"{', '.join(pool.tables)}); add it to the pool file or change conflict_pool")
+    return table
+
+
+# -- the request ----------------------------------------------------------------------------------
+def lease_owner(context: Mapping[str, Any]) -> str:
+    """One string per task try: the same before and after a deferral (the try number does not change)."""
+    ti = context["ti"]
+    return (f"{ti.dag_id}/{ti.task_id}/{context['run_id']}/{getattr(ti, 'map_index', -1)}/"
+            f"{int(getattr(ti, 'try_number', 1) or 1)}")
+
+
+def lease_request(pool: Pool, prepared: PreparedJob, owner: str) -> LeaseRequest:
+    """The request for ``prepared``'s footprint, with the pool's model, limit and TTL copied in.
+
+    Raises:
+        PoolConfigError: the table is not in the pool.
+    """
+    from airflow_delta_occ.engine.planner import TableState
+    from airflow_delta_occ.pools.requests import LeaseRequest
+
+    return LeaseRequest.of(pool=pool.name, table=pooled_table(pool, prepared.location), owner=owner,
+                           footprint=prepared.footprint, table_state=TableState.of(prepared.snapshot),
+                           model=pool.model, max_writers=pool.max_writers, ttl=pool.lease_ttl)
+
+
+def blocker_names(blockers: Iterable[Blocker | Mapping[str, Any]]) -> list[str]:
+    """Who a request waited for: each blocker's owner, or its reason (the pool's writer limit), once each."""
+    names: list[str] = []
+    for b in blockers:
+        owner, reason = (b.get("owner"), b.get("reason")) if isinstance(b, Mapping) else (b.owner, b.reason)
+        name = str(owner or reason or "?")
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def describe_wait(state: LeaseState) -> str:
+    """One log line: why the request waits."""
+    return "; ".join(f"{b.owner or 'the pool'}: {b.reason[:200]}" for b in state.blockers) or "(no blocker named)"
+
+
+# -- holding the lease ----------------------------------------------------------------------------
+@dataclass
+class HeldLease:
+    """A granted lease while the job runs; ``lost`` is set by the heartbeat. ``to_json`` is the XCom part."""
+
+    pool: str
+    request_id: str
+    owner: str
+    waited: float
+    waited_for: list[str] = field(default_factory=list)
+    lost: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pool": self.pool, "request_id": self.request_id, "waited": round(self.waited, 3),
+                "waited_for": list(self.waited_for), "lost": self.lost}
+
+
+class _Heartbeat(threading.Thread):
+    """Renews the lease every ``interval`` seconds until stopped or the lease is lost."""
+
+    def __init__(self, store: LeaseStore, lease: HeldLease, interval: float, log: Log) -> None:
+        super().__init__(name=f"delta-lease-heartbeat-{lease.request_id}", daemon=True)
+        self.store, self.lease, self.interval, self.log = store, lease, interval, log
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            try:
+                self.store.renew(self.lease.request_id, self.lease.owner)
+            except LeaseLostError as exc:
+                # The job goes on: Delta's commit check still refuses a conflicting commit.
+                self.lease.lost = True
+                self.log.error("conflict pool %s: lease %s lost while the job runs; the pool no longer keeps "
+                               "conflicting writers away (Delta's commit check still guards the table): %s",
+                               self.lease.pool, self.lease.request_id, exc)
+                return
+            except LeaseError as exc:  # a store hiccup: the next beat may succeed well within the TTL
+                self.log.warning("conflict pool %s: renewing lease %s failed: %s", self.lease.pool,
+                                 self.lease.request_id, exc)
+
+
+@contextmanager
+def holding(store: LeaseStore, lease: HeldLease, heartbeat: float, log: Log) -> Iterator[HeldLease]:
+    """Keep ``lease`` renewed while the block runs; release it afterwards, whatever the block's outcome.
+
+    A failed release is logged, never raised: it must not replace the job's own result or error (the
+    lease then expires after its TTL).
+    """
+    beat = _Heartbeat(store, lease, heartbeat, log)
+    beat.start()
+    try:
+        yield lease
+    finally:
+        beat.stopped.set()
+        beat.join(heartbeat + 30)
+        release_quietly(store, lease.request_id, lease.owner, log)
+
+
+def release_quietly(store: LeaseStore, request_id: str, owner: str, log: Log) -> None:
+    """Release a lease or request, logging (not raising) a failure: it expires after its TTL anyway."""
+    try:
+        released = store.release(request_id, owner)
+        log.info("lease %s of %s %s", request_id, owner, "released" if released else "was already gone")
+    except LeaseError as exc:
+        log.error("could not release lease %s of %s (it expires after its TTL): %s", request_id, owner, exc)

@@ -1,0 +1,199 @@
+"""``conflict_pool=`` on the Delta operators: checked at parse time, routed to the pool's Airflow pool, and
+leased at run time from a real SQLite lease store on a hand-written Delta log (only Spark is left out:
+``hook.run`` is replaced, the footprint, the request and the store are the real ones)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from airflow.sdk.exceptions import TaskDeferred
+
+from airflow_delta_occ.engine import Snapshot
+from airflow_delta_occ.engine.planner import TableState, plan_footprint
+from airflow_delta_occ.exceptions import LeaseStoreError, PoolConfigError
+from airflow_delta_occ.jobs.result import JobResult, JobStatus
+from airflow_delta_occ.operators.delta import DeltaDeleteOperator, DeltaUpdateOperator
+from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
+from airflow_delta_occ.pools.requests import AuditKind, LeaseRequest
+from airflow_delta_occ.triggers.lease import DeltaLeaseTrigger
+
+pytestmark = pytest.mark.unit
+
+
+def _pool_file(monkeypatch: pytest.MonkeyPatch, path: Path, body: str) -> Path:
+    path.write_text(body)
+    monkeypatch.setenv("AIRFLOW__DELTA_OCC__POOL_FILE", str(path))
+    return path
+
+
+@pytest.fixture
+def pools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    return _pool_file(monkeypatch, tmp_path / "pools.toml",
+                      f'[pools.sales]\ntables = ["{tmp_path}/sales"]\nairflow_pool = "delta_sales"\n'
+                      'lease_ttl = "30s"\nheartbeat = "0.2s"\n'
+                      '[pools.other]\ntables = ["s3://lake/other/**"]\n')
+
+
+def _update(**kwargs: Any) -> DeltaUpdateOperator:
+    return DeltaUpdateOperator(task_id="u", table=kwargs.pop("table", "/lake/t"), set={"name": "'x'"}, **kwargs)
+
+
+# -- parse time -----------------------------------------------------------------------------------
+def test_unknown_pool_fails_at_parse_time_naming_it(pools: Path) -> None:
+    with pytest.raises(PoolConfigError, match=r"conflict_pool='nope'.*unknown pool 'nope'; known pools: other, sales"):
+        _update(conflict_pool="nope")
+
+
+def test_missing_pool_file_fails_at_parse_time_naming_the_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    monkeypatch.setenv("AIRFLOW__DELTA_OCC__POOL_FILE", str(tmp_path / "missing.toml"))
+    with pytest.raises(PoolConfigError, match=r"conflict_pool='sales'.*missing.toml: cannot be read"):
+        _update(conflict_pool="sales")
+
+
+def test_the_task_runs_in_the_pools_airflow_pool_unless_the_author_chose_one(pools: Path) -> None:
+    assert _update(conflict_pool="sales").pool == "delta_sales"
+    assert _update(conflict_pool="other").pool == "delta_occ_other"
+    assert _update(conflict_pool="sales", pool="mine").pool == "mine"
+    assert _update(conflict_pool="sales", default_args={"pool": "dag_wide"}).pool == "dag_wide"
+
+
+def test_mapped_tasks_are_routed_too(pools: Path) -> None:
+    from airflow.sdk import DAG
+
+    with DAG("d", schedule=None):
+        mapped = DeltaUpdateOperator.partial(task_id="u", table="/lake/t", conflict_pool="sales").expand(
+            set=[{"name": "'x'"}])
+    assert mapped.partial_kwargs["pool"] == "delta_sales"
+
+
+def test_without_conflict_pool_nothing_changes(pools: Path) -> None:
+    from airflow.sdk import BaseOperator
+
+    op = _update()
+    assert (op.conflict_pool, op.pool) == (None, BaseOperator(task_id="plain").pool)
+
+
+def test_without_a_pool_file_the_name_is_checked_only_at_run_time(sales_log: tuple[str, Snapshot],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW__DELTA_OCC__POOL_FILE", "")
+    op = _update(table=sales_log[0], conflict_pool="sales")
+    with pytest.raises(PoolConfigError, match="conflict_pool='sales': no pool file is configured"):
+        op.execute(_context())
+
+
+# -- run time, against a real lease store ---------------------------------------------------------
+def _context(try_number: int = 1) -> dict[str, Any]:
+    ti = SimpleNamespace(dag_id="d", task_id="u", map_index=-1, try_number=try_number, max_tries=try_number + 1)
+    return {"ti": ti, "run_id": "manual__1"}
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    db = tmp_path / "leases.db"
+    monkeypatch.setenv("AIRFLOW_CONN_DELTA_OCC_LEASES", json.dumps(
+        {"conn_type": "delta_occ_leases", "extra": {"backend": "sqlite", "path": str(db)}}))
+    store = SqlLeaseStore(f"sqlite:///{db}")
+    yield store
+    store.close()
+
+
+class _Spark:
+    """Stands in for ``DeltaSparkHook.run`` (no commit: ``version=None`` is an UPDATE that matched nothing)."""
+
+    def __init__(self, store: SqlLeaseStore, seconds: float = 0.0) -> None:
+        self.store, self.seconds = store, seconds
+        self.holders_during: list[str] = []
+
+    def run(self, spec: Any) -> JobResult:
+        self.holders_during = [r.owner for r in self.store.holders()]
+        time.sleep(self.seconds)
+        return JobResult(status=JobStatus.SUCCESS, table=spec.target.label, operation=spec.operation)
+
+
+def _leased_update(path: str, store: SqlLeaseStore, seconds: float = 0.0) -> DeltaUpdateOperator:
+    op = _update(table=path, conflict_pool="sales", partitions={"date": "2024-01-01", "country": "DE"})
+    op.__dict__["hook"] = _Spark(store, seconds)  # the cached_property's slot
+    return op
+
+
+def _block(store: SqlLeaseStore, path: str, snapshot: Snapshot) -> str:
+    """A held OPTIMIZE of the whole table by "blocker": every UPDATE of the table conflicts with it."""
+    from airflow_delta_occ.pools.config import normalize_table
+
+    request = LeaseRequest.of(pool="sales", table=normalize_table(path), owner="blocker",
+                              footprint=plan_footprint(snapshot, "OPTIMIZE"), table_state=TableState.of(snapshot),
+                              ttl=30.0)
+    state = store.acquire(request)
+    assert state.granted
+    return state.request_id
+
+
+def test_granted_at_once_runs_with_the_lease_renewed_and_releases_it(
+        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore) -> None:
+    op = _leased_update(sales_log[0], store, seconds=0.7)
+    result = op.execute(_context())
+    assert op.hook.holders_during == ["d/u/manual__1/-1/1"]  # type: ignore[attr-defined]
+    lease = result["lease"]
+    assert (lease["pool"], lease["waited_for"], lease["lost"]) == ("sales", [], False)
+    assert lease["waited"] < 1.0
+    kinds = [e.kind for e in store.history(pool="sales")]
+    assert kinds[:2] == [AuditKind.REQUEST, AuditKind.GRANT] and kinds[-1] is AuditKind.RELEASE
+    assert AuditKind.RENEW in kinds  # the heartbeat (0.2 s) beat while the job ran
+    assert store.records() == []
+
+
+def test_a_conflicting_holder_defers_then_resume_runs_and_releases(
+        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore) -> None:
+    path, snapshot = sales_log
+    blocker = _block(store, path, snapshot)
+    op = _leased_update(path, store)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(_context())
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, DeltaLeaseTrigger) and deferred.value.method_name == "execute_complete"
+    assert store.release(blocker, "blocker")   # the waiter is granted in the release's transaction
+    event = {"status": "granted", "request_id": trigger.request_id, "waited": 4.5,
+             "blockers_seen": [{"request_id": blocker, "owner": "blocker", "reason": "conflicts"}]}
+    result = _leased_update(path, store).execute_complete(_context(), event=event)
+    assert result["lease"] == {"pool": "sales", "request_id": trigger.request_id, "waited": 4.5,
+                               "waited_for": ["blocker"], "lost": False}
+    assert store.records() == []
+
+
+def test_a_lease_that_expired_before_resuming_is_asked_for_again(
+        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore) -> None:
+    event = {"status": "granted", "request_id": "gone", "waited": 1.0, "blockers_seen": []}
+    result = _leased_update(sales_log[0], store).execute_complete(_context(), event=event)
+    assert result["lease"]["request_id"] != "gone" and store.records() == []
+
+
+def test_a_trigger_error_is_a_lease_store_error(pools: Path, sales_log: tuple[str, Snapshot]) -> None:
+    with pytest.raises(LeaseStoreError, match="no usable store"):
+        _leased_update(sales_log[0], None).execute_complete(  # type: ignore[arg-type]
+            _context(), event={"status": "error", "message": "no usable store"})
+
+
+def test_a_table_outside_the_pool_is_refused(pools: Path, sales_log: tuple[str, Snapshot],
+                                             store: SqlLeaseStore) -> None:
+    op = DeltaDeleteOperator(task_id="d", table=sales_log[0], where="id = 1", conflict_pool="other")
+    with pytest.raises(PoolConfigError, match=r"table 'file://.*/sales' is not in conflict pool 'other'"):
+        op.execute(_context())
+
+
+def test_the_lease_is_released_when_the_job_fails(pools: Path, sales_log: tuple[str, Snapshot],
+                                                  store: SqlLeaseStore) -> None:
+    op = _leased_update(sales_log[0], store)
+
+    def fail(spec: Any) -> JobResult:
+        raise RuntimeError("spark died")
+
+    op.hook.run = fail  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="spark died"):
+        op.execute(_context())
+    assert store.records() == [] and store.history()[-1].kind is AuditKind.RELEASE

@@ -290,9 +290,9 @@ def instrument(store: SqlLeaseStore) -> Meter:
 
 
 def lock_held(trips: list[tuple[str, float, float]]) -> float:
-    """Seconds the pool's lock was held: from the statement that takes it (``SELECT pools FOR UPDATE`` on
+    """Seconds the pool's lock was held: from the statement that takes it (``UPDATE pools ... RETURNING`` on
     PostgreSQL, ``BEGIN IMMEDIATE`` on SQLite) returning, to the ``COMMIT`` returning."""
-    taken = next((end for what, _, end in trips if what.endswith("FOR UPDATE") or what == "BEGIN IMMEDIATE"), None)
+    taken = next((end for what, _, end in trips if what in ("UPDATE pools", "BEGIN IMMEDIATE")), None)
     committed = next((end for what, _, end in trips if what == "COMMIT"), None)
     return 0.0 if taken is None or committed is None else committed - taken
 

@@ -18,8 +18,9 @@ Rule, for the waiting requests in arrival order:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from .compare import PairJudge, PlannedJob
 from .requests import Blocker
@@ -27,15 +28,23 @@ from .requests import Blocker
 
 @dataclass(frozen=True)
 class Candidate:
-    """A live request as the arbiter sees it. ``key`` changes whenever the request's footprint does."""
+    """A live request as the arbiter sees it. ``key`` changes whenever the request's footprint does.
+
+    The footprint is loaded only when the request is compared with another on its table (``load``):
+    a store need not decode every request of a busy pool on every decision.
+    """
 
     request_id: str
     key: object
     table: str
     owner: str
-    planned: PlannedJob
+    load: Callable[[], PlannedJob] = field(compare=False, repr=False)
     model: str
     max_writers: int | None
+
+    @functools.cached_property
+    def planned(self) -> PlannedJob:
+        return self.load()
 
 
 @dataclass(frozen=True)

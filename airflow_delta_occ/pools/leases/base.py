@@ -29,11 +29,12 @@ expiry.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from airflow_delta_occ.exceptions import LeaseLostError, LeaseOwnershipError
@@ -45,11 +46,26 @@ from ..requests import AuditEvent, AuditKind, LeaseRecord, LeaseRequest, LeaseSt
 
 @dataclass(frozen=True)
 class Row:
-    """One live request as stored: the record plus the request it was made with."""
+    """One live request as stored: the record, the request's terms, and the request itself (loaded on demand).
+
+    ``model``, ``max_writers`` and ``ttl`` are kept beside the request so that expiring, heartbeats and
+    the writer limit never decode a footprint; ``load`` decodes it when it must be judged.
+    """
 
     record: LeaseRecord
-    request: LeaseRequest
+    load: Callable[[], LeaseRequest] = field(compare=False, repr=False)
+    model: str
+    max_writers: int | None
+    ttl: float
     revision: int = 0       # bumped when a waiter re-plans; part of the judge's memo key
+
+    @classmethod
+    def of(cls, record: LeaseRecord, request: LeaseRequest, revision: int = 0) -> Row:
+        return cls(record, lambda: request, request.model, request.max_writers, request.ttl, revision)
+
+    @functools.cached_property
+    def request(self) -> LeaseRequest:
+        return self.load()
 
     @property
     def request_id(self) -> str:
@@ -123,7 +139,7 @@ class LeaseStore(ABC):
                                      owner=request.owner, seq=txn.next_seq(), status=LeaseStatus.WAITING,
                                      summary=request.summary, requested_at=txn.now, granted_at=None,
                                      expires_at=txn.now + request.ttl)
-                txn.insert(Row(record, request))
+                txn.insert(Row.of(record, request))
                 self._audit(txn, record, AuditKind.REQUEST, _request_detail(request))
                 request_id = record.request_id
                 if len(self._pool_of) > 10_000:
@@ -132,10 +148,11 @@ class LeaseStore(ABC):
             else:
                 request_id = mine.request_id
                 if mine.record.status is LeaseStatus.WAITING:  # asking again is a heartbeat, maybe a re-plan
-                    replanned = mine.request != request
+                    replanned = mine.request != request   # decoded only for a request that asks again
                     record = replace(mine.record, summary=request.summary if replanned else mine.record.summary,
                                      expires_at=txn.now + request.ttl)
-                    txn.update(Row(record, request if replanned else mine.request, mine.revision + int(replanned)))
+                    txn.update(Row.of(record, request, mine.revision + 1) if replanned
+                               else replace(mine, record=record))
                     if replanned:
                         self._audit(txn, record, AuditKind.REPLAN, _request_detail(request))
             return self._settle(txn, request_id)
@@ -161,7 +178,7 @@ class LeaseStore(ABC):
             self._expire(txn)  # a waiter that polls after its TTL was abandoned, whoever noticed first
             row = self._own(txn, request_id, owner)
             if row is not None and row.record.status is LeaseStatus.WAITING:
-                txn.update(replace(row, record=replace(row.record, expires_at=txn.now + row.request.ttl)))
+                txn.update(replace(row, record=replace(row.record, expires_at=txn.now + row.ttl)))
             return self._settle(txn, request_id)
 
     def _quiet_state(self, pool: str, request_id: str, owner: str) -> LeaseState | None:
@@ -175,7 +192,7 @@ class LeaseStore(ABC):
                                       "nothing was changed")
         if mine.record.status is LeaseStatus.GRANTED:
             return LeaseState(request_id, LeaseStatus.GRANTED, now, mine.record)
-        if mine.record.expires_at - now < mine.request.ttl * 2 / 3:
+        if mine.record.expires_at - now < mine.ttl * 2 / 3:
             return None   # heartbeat due
         decision = decide([_candidate(r) for r in rows if r.record.status is LeaseStatus.GRANTED],
                           [_candidate(r) for r in rows if r.record.status is LeaseStatus.WAITING], self.judge)
@@ -196,7 +213,7 @@ class LeaseStore(ABC):
                 self._expire(txn)
                 row = self._own(txn, request_id, owner)
                 if row is not None and row.record.status is LeaseStatus.GRANTED:
-                    record = replace(row.record, expires_at=txn.now + row.request.ttl)
+                    record = replace(row.record, expires_at=txn.now + row.ttl)
                     txn.update(replace(row, record=record))
                     self._audit(txn, record, AuditKind.RENEW)
                     return record
@@ -254,7 +271,7 @@ class LeaseStore(ABC):
                 txn.delete(row.request_id)
                 held = row.record.status is LeaseStatus.GRANTED
                 self._audit(txn, row.record, AuditKind.EXPIRE if held else AuditKind.ABANDON,
-                            f"no heartbeat since {row.record.expires_at - row.request.ttl:.3f}")
+                            f"no heartbeat since {row.record.expires_at - row.ttl:.3f}")
             else:
                 live.append(row)
         return live
@@ -269,7 +286,7 @@ class LeaseStore(ABC):
         for granted_id in decision.granted:
             row = by_id[granted_id]
             record = replace(row.record, status=LeaseStatus.GRANTED, granted_at=txn.now,
-                             expires_at=txn.now + row.request.ttl)
+                             expires_at=txn.now + row.ttl)
             txn.update(replace(row, record=record))
             by_id[granted_id] = replace(row, record=record)
             self._audit(txn, record, AuditKind.GRANT, f"waited {txn.now - record.requested_at:.3f} s")
@@ -292,10 +309,9 @@ def _request_detail(request: LeaseRequest) -> str:
 
 
 def _candidate(row: Row) -> Candidate:
-    request = row.request
-    return Candidate(request_id=row.request_id, key=(row.request_id, row.revision), table=request.table,
-                     owner=request.owner, planned=request.planned, model=request.model,
-                     max_writers=request.max_writers)
+    return Candidate(request_id=row.request_id, key=(row.request_id, row.revision), table=row.record.table,
+                     owner=row.record.owner, load=lambda: row.request.planned, model=row.model,
+                     max_writers=row.max_writers)
 
 
 def newest(events: Sequence[AuditEvent], limit: int) -> list[AuditEvent]:

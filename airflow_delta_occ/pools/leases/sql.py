@@ -50,6 +50,9 @@ leases_table = sa.Table(
     sa.Column("revision", sa.Integer, nullable=False),
     sa.Column("status", sa.String(16), nullable=False),
     sa.Column("summary", sa.Text, nullable=False),
+    sa.Column("model", sa.String(16), nullable=False),
+    sa.Column("max_writers", sa.Integer, nullable=True),
+    sa.Column("ttl", sa.Float(53), nullable=False),
     sa.Column("request", sa.Text, nullable=False),
     sa.Column("requested_at", sa.Float(53), nullable=False),
     sa.Column("granted_at", sa.Float(53), nullable=True),
@@ -165,8 +168,10 @@ class SqlLeaseStore(LeaseStore):
             return [self._row(r) for r in result], float(result[0].now)
 
     def _row(self, r: Any) -> Row:
-        """A stored row with its request (parsed once per revision)."""
-        return Row(_record(r), self.request_of(r.request_id, int(r.revision), r.request), int(r.revision))
+        """A stored row; its request is decoded (once per revision) only if it must be judged."""
+        request_id, revision, text = r.request_id, int(r.revision), r.request
+        return Row(_record(r), lambda: self.request_of(request_id, revision, text), str(r.model),
+                   None if r.max_writers is None else int(r.max_writers), float(r.ttl), revision)
 
     def _locate(self, request_id: str) -> str | None:
         with self._errors("find a request"), self._reading() as conn:
@@ -230,7 +235,8 @@ _RECORD_COLUMNS = (leases_table.c.request_id, leases_table.c.pool, leases_table.
                    leases_table.c.granted_at, leases_table.c.expires_at)
 
 
-_ROW_COLUMNS = (*_RECORD_COLUMNS, leases_table.c.revision, leases_table.c.request)
+_ROW_COLUMNS = (*_RECORD_COLUMNS, leases_table.c.revision, leases_table.c.model, leases_table.c.max_writers,
+                leases_table.c.ttl, leases_table.c.request)
 
 
 def _record(row: Any) -> LeaseRecord:
@@ -336,7 +342,7 @@ def _values(row: Row) -> dict[str, Any]:
     record = row.record
     return {"request_id": record.request_id, "pool": record.pool, "table_key": record.table, "owner": record.owner,
             "seq": record.seq, "revision": row.revision, "status": record.status.value, "summary": record.summary,
-            "request": row.request.json_text,
+            "model": row.model, "max_writers": row.max_writers, "ttl": row.ttl, "request": row.request.json_text,
             "requested_at": record.requested_at, "granted_at": record.granted_at, "expires_at": record.expires_at}
 
 

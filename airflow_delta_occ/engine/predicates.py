@@ -44,9 +44,9 @@ from .values import coerce_literal, is_comparable
 
 __all__ = [
     "And", "Column", "ColumnStats", "Comparison", "Expr", "FileStats", "In", "IsNull", "Literal", "Not", "Or",
-    "Unknown", "and_", "bind", "evaluate_partition", "evaluate_row", "file_may_match", "has_unknown",
+    "StatsRange", "Unknown", "and_", "bind", "evaluate_partition", "evaluate_row", "file_may_match", "has_unknown",
     "is_deterministic", "is_partition_only", "or_", "parse_predicate", "references", "split_conjuncts",
-    "to_sql", "walk",
+    "stats_range", "to_sql", "walk",
 ]
 
 
@@ -333,7 +333,7 @@ _ALL: frozenset[bool | None] = frozenset({_T, _F, _N})
 
 
 @dataclass(frozen=True)
-class _Range:
+class StatsRange:
     """What is known of a column's values over a file: bounds (``None`` = open) and null presence."""
 
     low: Any
@@ -372,28 +372,37 @@ def _possible(expr: Expr, pv: Mapping[str, Any], stats: FileStats | None) -> fro
     return _ALL
 
 
-def _domain(expr: Expr, pv: Mapping[str, Any], stats: FileStats | None) -> tuple[bool, Any] | _Range | None:
-    """``(True, value)`` for a value constant over the file, a ``_Range``, or ``None`` if unknown."""
+def _domain(expr: Expr, pv: Mapping[str, Any], stats: FileStats | None) -> tuple[bool, Any] | StatsRange | None:
+    """``(True, value)`` for a value constant over the file, a ``StatsRange``, or ``None`` if unknown."""
     if isinstance(expr, Literal):
         return (True, expr.value)
     if isinstance(expr, Column):
         if expr.name in pv:
             return (True, pv[expr.name])
-        if stats is None:
-            return None
-        col = stats.columns.get(expr.name)
-        if col is None:
-            return None
-        n = stats.num_records
-        may_null = col.null_count is None or col.null_count > 0
-        may_value = col.null_count is None or n is None or col.null_count < n
-        if n == 0:
-            may_null = may_value = False
-        low, high = col.min, col.max
-        if _is_nan(low) or _is_nan(high):
-            low = high = None
-        return _Range(low, high, may_null, may_value)
+        return stats_range(stats, expr.name)
     return None
+
+
+def stats_range(stats: FileStats | None, name: str) -> StatsRange | None:
+    """What a file's statistics say about column ``name``, or ``None`` when they say nothing.
+
+    The one place statistics become a range: the per-file test above and the vectorised one in
+    ``stats_columns`` (which caches these per checkpoint row) both read columns through it.
+    """
+    if stats is None:
+        return None
+    col = stats.columns.get(name)
+    if col is None:
+        return None
+    n = stats.num_records
+    may_null = col.null_count is None or col.null_count > 0
+    may_value = col.null_count is None or n is None or col.null_count < n
+    if n == 0:
+        may_null = may_value = False
+    low, high = col.min, col.max
+    if _is_nan(low) or _is_nan(high):
+        low = high = None
+    return StatsRange(low, high, may_null, may_value)
 
 
 def _is_nan(value: Any) -> bool:
@@ -424,9 +433,9 @@ def _possible_comparison(expr: Comparison, pv: Mapping[str, Any], stats: FileSta
     if isinstance(left, tuple) and isinstance(right, tuple):
         return frozenset({_compare_values(expr.op, left[1], right[1])})
     op = expr.op
-    if isinstance(right, _Range) and isinstance(left, tuple):
+    if isinstance(right, StatsRange) and isinstance(left, tuple):
         left, right, op = right, left, _FLIP[op]
-    if not (isinstance(left, _Range) and isinstance(right, tuple)):
+    if not (isinstance(left, StatsRange) and isinstance(right, tuple)):
         return _ALL  # column against column (not both constant), or unknown statistics
     literal = right[1]
     out: set[bool | None] = set()

@@ -10,13 +10,14 @@ all use it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import functools
+import itertools
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from .actions import Action as Action
 from .actions import (
@@ -43,8 +44,9 @@ from .predicates import (
     parse_predicate,
     references,
 )
-from .schema import StructType
-from .stats import parse_file_stats
+from .schema import DataType, StructType
+from .stats import StatsLeaf, parse_stats_of, stats_leaves
+from .stats_columns import CannotVectorize, ColumnBounds, may_match_mask
 from .storage import FileMeta, Storage, resolve_table
 from .values import parse_partition_value
 
@@ -369,7 +371,20 @@ class Snapshot:
         return self._typed_partition(tuple(add.partition_values.get(p) for _, p, _ in self._partition_fields),
                                      add.path)
 
+    @cached_property
+    def _partition_types(self) -> tuple[DataType, ...]:
+        return tuple(data_type for _, _, data_type in self._partition_fields)
+
+    @cached_property
+    def _stats_leaves(self) -> dict[str, StatsLeaf]:
+        return stats_leaves(self.schema)
+
     def _typed_partition(self, raw: Sequence[str | None], path: str) -> dict[str, Any]:
+        try:
+            values = _parse_partition_values(tuple(raw), self._partition_types)
+            return {name: value for (name, _, _), value in zip(self._partition_fields, values, strict=True)}
+        except (ValueError, ArithmeticError):
+            pass  # judged again column by column below, to name the column in the error
         typed = {}
         for (name, _, data_type), value in zip(self._partition_fields, raw, strict=True):
             try:
@@ -411,43 +426,99 @@ class Snapshot:
             if has_unknown(conjunct):
                 continue  # judged as "may be true": it cannot widen what the other conjuncts select
             (partition_filters if references(conjunct) <= partition_names else data_filters).append(conjunct)
-        data_filter = and_(*data_filters) if data_filters else None
+        partition_filter = and_(*partition_filters)
+        verdicts: dict[tuple[str | None, ...], bool] = {}
+
+        def judge_partition(raw: tuple[str | None, ...], path: str) -> bool:
+            """``partition_filter`` on one partition, remembered: each is judged once per call."""
+            verdict = verdicts[raw] = file_may_match(partition_filter, self._typed_partition(raw, path), None)
+            return verdict
+
         selected: list[AddFile] = []
-        for add, _ in self._files_with_partitions(and_(*partition_filters)):
-            if data_filter is None or file_may_match(data_filter, {}, parse_file_stats(add.stats, self.schema)):
-                selected.append(add)
+        state = self._files
+        base = state.base
+        if base is not None:
+            in_partitions = self._live_rows_in_partitions(state, judge_partition)
+            rows = in_partitions
+            if data_filters and len(in_partitions):
+                columns = base.stats.bounds(self._leaves_read_by(data_filters), in_partitions)
+                rows = in_partitions[self._may_match_stats(data_filters, columns, len(in_partitions),
+                                                           lambda i: base.stats.json_at(in_partitions[i]))]
+            selected.extend(state.base_files(rows))
+        if state.extra:
+            physical = [p for _, p, _ in self._partition_fields]
+            candidates: list[AddFile] = []
+            for add in state.extra.values():  # the adds since the checkpoint: usually a few hundred
+                raw = tuple(map(add.partition_values.get, physical))
+                verdict = verdicts.get(raw)
+                if verdict is None:
+                    verdict = judge_partition(raw, add.path)
+                if verdict:
+                    candidates.append(add)
+            if data_filters and candidates:
+                texts = [add.stats for add in candidates]
+                columns = state.extra_stats.bounds(self._leaves_read_by(data_filters), texts)
+                keep = self._may_match_stats(data_filters, columns, len(candidates), lambda i: [texts[j] for j in i])
+                candidates = list(itertools.compress(candidates, keep))
+            selected.extend(candidates)
         return selected
 
-    def _files_with_partitions(self, expr: Expr) -> Iterable[tuple[AddFile, dict[str, Any]]]:
-        """Files whose partition values may satisfy ``expr``, each with its typed partition values.
+    def _live_rows_in_partitions(
+        self, state: FileState, judge_partition: Callable[[tuple[str | None, ...], str], bool]
+    ) -> np.ndarray:
+        """Live checkpoint rows (ascending) in a partition ``judge_partition`` accepts.
 
-        Checkpoint rows are judged per distinct partition (a few hundred at most in practice),
-        not per file, and only the survivors become ``AddFile`` objects.
+        Rows are judged per distinct partition (a few hundred at most in practice), not per row;
+        the grouping is computed once per checkpoint. A partition value that is not valid for its
+        type is an error only when a live row holds it, as when each live file is typed.
         """
-        state = self._files
-        if state.base is not None:
-            live = state.live_base_indices()
-            physical = [p for _, p, _ in self._partition_fields]
-            if physical and len(live):
-                columns = state.base_partition_columns(physical)
-                codes, uniques = _distinct_rows(columns, live)
-                verdicts = np.zeros(len(uniques), dtype=bool)
-                typed_by_code: list[dict[str, Any]] = []
-                for i, raw in enumerate(uniques):
-                    typed = self._typed_partition(raw, path=state.source or "checkpoint")
-                    typed_by_code.append(typed)
-                    verdicts[i] = file_may_match(expr, typed, None)
-                keep = live[verdicts[codes]]
-                keep_codes = codes[verdicts[codes]]
-                for add, code in zip(state.base_files(keep), keep_codes, strict=True):
-                    yield add, typed_by_code[code]
-            else:
-                for add in state.base_files(live):
-                    yield add, {}
-        for add in state.extra.values():
-            partition = self.partition_values(add)
-            if file_may_match(expr, partition, None):
-                yield add, partition
+        assert state.base is not None
+        live = state.live_mask
+        physical = tuple(p for _, p, _ in self._partition_fields)
+        if not physical:
+            return np.flatnonzero(live)
+        codes, uniques = state.base.partition_groups(physical)
+        verdicts = np.zeros(len(uniques), dtype=bool)
+        for code, raw in enumerate(uniques):
+            try:
+                verdicts[code] = judge_partition(raw, state.base.source)
+            except LogCorruptError:
+                if live[codes == code].any():
+                    raise
+        return np.flatnonzero(live & verdicts[codes])
+
+    def _leaves_read_by(self, exprs: list[Expr]) -> list[StatsLeaf]:
+        """The statistics columns ``exprs`` read (columns without statistics, such as structs, have none)."""
+        leaves = self._stats_leaves
+        return [leaves[name] for name in sorted(set().union(*(references(e) for e in exprs)) & leaves.keys())]
+
+    def _may_match_stats(
+        self,
+        data_filters: list[Expr],
+        columns: Mapping[str, ColumnBounds],
+        num_files: int,
+        stats_texts: Callable[[np.ndarray], Sequence[str | None]],
+    ) -> np.ndarray:
+        """Per file, ``file_may_match(and_(*data_filters), {}, parse_file_stats(add.stats))``.
+
+        A file may match an AND exactly when it may match each part, so each conjunct is judged on
+        its own, on the statistics arrays ``columns``; one the arrays cannot answer exactly is
+        judged by the per-file reference, from ``stats_texts`` of the files still selected.
+        """
+        keep = np.ones(num_files, dtype=bool)
+        per_file: list[Expr] = []
+        for conjunct in data_filters:
+            try:
+                keep &= may_match_mask(conjunct, columns, num_files)
+            except CannotVectorize:
+                per_file.append(conjunct)
+        if per_file and keep.any():
+            check = and_(*per_file)
+            leaves = self._stats_leaves.values()
+            survivors = np.flatnonzero(keep)
+            keep[survivors] = [file_may_match(check, {}, parse_stats_of(text, leaves))
+                               for text in stats_texts(survivors)]
+        return keep
 
     # -- moving forward ------------------------------------------------------------------------
     def update(self) -> Snapshot:
@@ -475,25 +546,12 @@ class Snapshot:
         return state.finish(self.log, latest, last, listing)
 
 
-def _distinct_rows(columns: list[pa.Array], rows: np.ndarray) -> tuple[np.ndarray, list[tuple[str | None, ...]]]:
-    """Group ``rows`` by the tuple of values in ``columns``: per row a group code, per group its values."""
-    combined = np.zeros(len(rows), dtype=np.int64)
-    dictionaries = []
-    for column in columns:
-        encoded = column.dictionary_encode()
-        indices = encoded.indices.to_numpy(zero_copy_only=False)
-        # Nulls have no dictionary index: give them their own slot after the dictionary.
-        dictionary = encoded.dictionary.to_pylist()
-        null_slot = len(dictionary)
-        indices = np.where(encoded.indices.is_null().to_numpy(zero_copy_only=False), null_slot, indices)
-        dictionaries.append([*dictionary, None])
-        combined = combined * (null_slot + 1) + indices[rows].astype(np.int64)
-    uniques, codes = np.unique(combined, return_inverse=True)
-    decoded: list[tuple[str | None, ...]] = []
-    for value in uniques.tolist():
-        parts: list[str | None] = []
-        for dictionary in reversed(dictionaries):
-            value, index = divmod(value, len(dictionary))
-            parts.append(dictionary[index])
-        decoded.append(tuple(reversed(parts)))
-    return codes, decoded
+
+@functools.lru_cache(maxsize=16384)
+def _parse_partition_values(raw: tuple[str | None, ...], types: tuple[DataType, ...]) -> tuple[Any, ...]:
+    """Typed values of one partition, memoised: every re-plan types the same partitions again.
+
+    Pure (the result depends on the strings and types alone); errors are not cached, and callers
+    retry column by column to name the culprit.
+    """
+    return tuple(parse_partition_value(value, data_type) for value, data_type in zip(raw, types, strict=True))

@@ -394,16 +394,16 @@ def plan_footprint(
     removes = {f.path: f.partition_values for f in files} if rewrites else {}
     adds = op not in (Operation.SET_PROPERTIES, Operation.SCHEMA_CHANGE, Operation.CREATE_TABLE)
     # Rewritten files stay in their partitions; inserted rows go where the source sends them.
-    rewritten = {_freeze(pv) for pv in removes.values()}
+    rewritten = {freeze_partition(pv) for pv in removes.values()}
     inserts_rows = op in (Operation.INSERT, Operation.INSERT_SELF_READ, Operation.MERGE, Operation.REPLACE_WHERE,
                           Operation.OVERWRITE)
     new_rows: set[tuple[tuple[str, str | None], ...]] | None = set()
     if inserts_rows:
         if write_partitions is not None:
-            new_rows = {_freeze(_raw_partition(schema, p)) for p in write_partitions}
+            new_rows = {freeze_partition(_raw_partition(schema, p)) for p in write_partitions}
         elif op is Operation.REPLACE_WHERE and expr is not None:
             enumerated = enumerate_partitions(partition_part, schema)
-            new_rows = None if enumerated is None else {_freeze(p) for p in enumerated}
+            new_rows = None if enumerated is None else {freeze_partition(p) for p in enumerated}
         else:
             new_rows = None
     written = None if new_rows is None else tuple(dict(p) for p in sorted(rewritten | new_rows, key=repr))
@@ -428,7 +428,8 @@ def plan_footprint(
     )
 
 
-def _freeze(values: Mapping[str, str | None]) -> tuple[tuple[str, str | None], ...]:
+def freeze_partition(values: Mapping[str, str | None]) -> tuple[tuple[str, str | None], ...]:
+    """Raw partition values as a hashable, order-independent key."""
     return tuple(sorted(values.items()))
 
 
@@ -686,7 +687,7 @@ def _touched(fp: Footprint) -> set[tuple[tuple[str, str | None], ...]] | None:
     """Every partition a job changes, or ``None`` when it may change any."""
     if fp.adds_files and fp.write_partitions is None:
         return None
-    return {_freeze(pv) for pv in fp.removes.values()} | {_freeze(pv) for pv in fp.write_partitions or ()}
+    return {freeze_partition(pv) for pv in [*fp.removes.values(), *(fp.write_partitions or ())]}
 
 
 def _partitions_disjoint(a: Footprint, b: Footprint) -> bool:

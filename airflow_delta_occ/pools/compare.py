@@ -42,6 +42,7 @@ from airflow_delta_occ.engine.planner import (
     Verdict,
     can_conflict,
     enumerate_partitions,
+    freeze_partition,
     pinned_values,
 )
 from airflow_delta_occ.engine.predicates import evaluate_partition
@@ -86,7 +87,7 @@ def compact(fp: Footprint) -> Footprint:
 
 
 def _per_partition(values: Iterable[Mapping[str, str | None]]) -> dict[str, dict[str, str | None]]:
-    return {_file(p): dict(p) for p in sorted({_freeze(pv) for pv in values})}
+    return {_file(p): dict(p) for p in sorted({freeze_partition(pv) for pv in values})}
 
 
 def _same_state(x: TableState, y: TableState) -> bool:
@@ -134,12 +135,12 @@ def _pinned(fp: Footprint, schema: PartitionSchema) -> set[Partition] | None:
     if fp.read_whole_table:
         return None
     listed = enumerate_partitions(fp.read_predicate, schema)
-    return None if listed is None else {_freeze(p) for p in listed}
+    return None if listed is None else {freeze_partition(p) for p in listed}
 
 
 def _partitions_of(fp: Footprint) -> set[Partition]:
-    found = {_freeze(pv) for pv in fp.read_files.values()} | {_freeze(pv) for pv in fp.removes.values()}
-    return found | {_freeze(pv) for pv in fp.write_partitions or ()}
+    values = [*fp.read_files.values(), *fp.removes.values(), *(fp.write_partitions or ())]
+    return {freeze_partition(pv) for pv in values}
 
 
 def _lift(fp: Footprint, schema: PartitionSchema, known: Iterable[Partition], both_open: bool) -> Footprint:
@@ -164,16 +165,12 @@ def _admits(predicate: object, schema: PartitionSchema, partition: Partition) ->
 
 
 def _union(written: Iterable[Mapping[str, str | None]], more: Iterable[Partition]) -> tuple[dict[str, str | None], ...]:
-    merged = {_freeze(pv) for pv in written} | set(more)
+    merged = {freeze_partition(pv) for pv in written} | set(more)
     return tuple(dict(p) for p in sorted(merged))
 
 
 def _file(partition: Partition) -> str:
     return "<every file of partition " + ",".join(f"{k}={v}" for k, v in partition) + ">"
-
-
-def _freeze(values: Mapping[str, str | None]) -> Partition:
-    return tuple(sorted(values.items()))
 
 
 class PairJudge:

@@ -187,9 +187,7 @@ class LeaseStore(ABC):
         mine = next((r for r in rows if r.request_id == request_id), None)
         if mine is None or any(r.record.expires_at <= now for r in rows):
             return None
-        if mine.record.owner != owner:
-            raise LeaseOwnershipError(f"request {request_id} belongs to {mine.record.owner!r}, not {owner!r}; "
-                                      "nothing was changed")
+        _check_owner(mine, owner)
         if mine.record.status is LeaseStatus.GRANTED:
             return LeaseState(request_id, LeaseStatus.GRANTED, now, mine.record)
         if mine.record.expires_at - now < mine.ttl * 2 / 3:
@@ -259,9 +257,8 @@ class LeaseStore(ABC):
     # -- the one algorithm ----------------------------------------------------------------------
     def _own(self, txn: PoolTransaction, request_id: str, owner: str) -> Row | None:
         row = next((r for r in txn.rows() if r.request_id == request_id), None)
-        if row is not None and row.record.owner != owner:
-            raise LeaseOwnershipError(f"request {request_id} belongs to {row.record.owner!r}, not {owner!r}; "
-                                      "nothing was changed")
+        if row is not None:
+            _check_owner(row, owner)
         return row
 
     def _expire(self, txn: PoolTransaction) -> list[Row]:
@@ -301,6 +298,12 @@ class LeaseStore(ABC):
     def _audit(txn: PoolTransaction, record: LeaseRecord, kind: AuditKind, detail: str = "") -> None:
         txn.audit(AuditEvent(at=txn.now, pool=record.pool, table=record.table, request_id=record.request_id,
                              owner=record.owner, kind=kind, summary=record.summary, detail=detail))
+
+
+def _check_owner(row: Row, owner: str) -> None:
+    if row.record.owner != owner:
+        raise LeaseOwnershipError(f"request {row.request_id} belongs to {row.record.owner!r}, not {owner!r}; "
+                                  "nothing was changed")
 
 
 def _request_detail(request: LeaseRequest) -> str:

@@ -24,8 +24,10 @@ class _Pool:
 
 
 class _Transaction:
-    def __init__(self, pool: _Pool, events: list[AuditEvent], now: float) -> None:
-        self._pool, self._events, self.now = pool, events, now
+    def __init__(self, pool: _Pool, first_event_id: int, now: float) -> None:
+        self._pool, self.now = pool, now
+        self._first_event_id = first_event_id
+        self.events: list[AuditEvent] = []   # appended to the store's history only when the transaction ends well
 
     def rows(self) -> list[Row]:
         return sorted(self._pool.rows.values(), key=lambda r: r.record.seq)
@@ -45,7 +47,7 @@ class _Transaction:
         self._pool.rows.pop(request_id, None)
 
     def audit(self, event: AuditEvent) -> None:
-        self._events.append(replace(event, event_id=len(self._events) + 1))
+        self.events.append(replace(event, event_id=self._first_event_id + len(self.events)))
 
 
 class MemoryLeaseStore(LeaseStore):
@@ -64,10 +66,10 @@ class MemoryLeaseStore(LeaseStore):
             state = self._pools.setdefault(pool, _Pool())
             # work on a copy so an exception leaves the pool as it was (a rolled-back transaction)
             draft = _Pool(dict(state.rows), state.next_seq)
-            events: list[AuditEvent] = list(self._events)
-            yield _Transaction(draft, events, self.clock())
+            txn = _Transaction(draft, len(self._events) + 1, self.clock())
+            yield txn
             self._pools[pool] = draft
-            self._events = events
+            self._events.extend(txn.events)
 
     def _read(self, pool: str) -> tuple[list[Row], float]:
         with self._lock:

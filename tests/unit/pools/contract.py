@@ -213,6 +213,17 @@ class LeaseStoreContract:
             assert store.acquire(request_for("waiter", "OPTIMIZE", ttl=0.5)).request_id == first.request_id
         assert AuditKind.REPLAN not in {e.kind for e in store.history()}
 
+    def test_hostile_owner_and_table_text_is_stored_as_data(self, store: LeaseStore, request_for: Request) -> None:
+        owner = "x'); DROP TABLE delta_occ_leases; --\n\u00e9\"`"
+        table = "s3://lake/t'; DELETE FROM delta_occ_lease_audit; --"
+        held = store.acquire(request_for(owner, "UPDATE", "country = 'DE'", table_key=table))
+        other = store.acquire(request_for("other", "UPDATE", "country = 'DE'", table_key=table))
+        assert held.granted and not other.granted
+        assert [r.owner for r in store.holders(table=table)] == [owner]
+        assert store.release(held.request_id, owner)
+        assert store.poll(other.request_id, "other").granted
+        assert [e.owner for e in store.history(table=table)][:2] == [owner, owner]
+
     # -- 8: audit ---------------------------------------------------------------------------------
     def test_the_audit_records_every_step_with_owner_table_and_summary(
             self, store: LeaseStore, request_for: Request) -> None:

@@ -186,3 +186,15 @@ def test_compact_keeps_one_entry_per_partition(sales: LogBuilder) -> None:
     small = compact(footprint)
     assert len(small.removes) == len(small.read_files) == 4
     assert Footprint.from_json(small.to_json()) == small
+
+
+def test_the_null_partition_is_judged_like_any_other(sales: LogBuilder) -> None:
+    snapshot = _at(sales)
+    null_country = _job(snapshot, "UPDATE", "country IS NULL")
+    de = _job(snapshot, "UPDATE", "country = 'DE'")
+    into_null = _job(snapshot, "INSERT", write_partitions=[{"date": "2024-01-09", "country": None}])
+    into_de = _job(snapshot, "INSERT", write_partitions=[{"date": "2024-01-09", "country": "DE"}])
+    assert not lease_verdict(null_country, de, "delta"), "country IS NULL never meets country = 'DE'"
+    assert lease_verdict(null_country, into_null, "delta").conflict, "an append into the NULL partition is read"
+    assert not lease_verdict(null_country, into_de, "delta")
+    assert lease_verdict(de, into_de, "delta").conflict

@@ -26,7 +26,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -65,22 +66,54 @@ def _json_tail(text: str) -> Any:
     raise RuntimeError(f"no JSON in: {text[-1000:]}")
 
 
-def demo_env(work: Path, dags_folder: Path | str) -> dict[str, str]:
+def airflow_env(home: Path, dags_folder: Path | str, **settings: str) -> dict[str, str]:
+    """Environment of a throwaway Airflow installation in ``home`` running the LocalExecutor.
+
+    Every server gets its own free port on 127.0.0.1, so several installations (the demo, tests)
+    can run side by side; ``settings`` adds or overrides variables (``AIRFLOW__CORE__PARALLELISM``).
+    """
     bin_dir = str(Path(sys.executable).parent)
     api_port = free_port()
     return {
         **os.environ,
         "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
-        "AIRFLOW_HOME": str(work / "airflow"),
+        "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__DAGS_FOLDER": str(check_dags_folder(dags_folder)),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags_folder),
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
         "AIRFLOW__API__PORT": str(api_port),
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://localhost:{api_port}/execution/",
         "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
         "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
-        "DELTA_OCC_DEMO_ROOT": str(work / "lake"),
+        **settings,
     }
+
+
+def demo_env(work: Path, dags_folder: Path | str) -> dict[str, str]:
+    return airflow_env(work / "airflow", check_dags_folder(dags_folder), DELTA_OCC_DEMO_ROOT=str(work / "lake"))
+
+
+@contextmanager
+def standalone(env: Mapping[str, str], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``airflow standalone`` (scheduler, DAG processor, API server, triggerer) while the block runs.
+
+    It runs in its own process group, stopped with SIGTERM (SIGKILL after 60 s) when the block ends,
+    so no task process it started outlives the block.
+    """
+    with open(log_path, "w") as log:
+        server = subprocess.Popen([sys.executable, "-m", "airflow", "standalone"], env=dict(env), stdout=log,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            yield server
+        finally:
+            try:
+                os.killpg(server.pid, signal.SIGTERM)
+                server.wait(60)
+            except ProcessLookupError:
+                pass
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait(30)
 
 
 # Task instance states, grouped for a newcomer; the groups print in this order.
@@ -155,10 +188,7 @@ def run_with_scheduler(work: Path, *, dags_folder: Path | str, timeout: float = 
             elapsed = int(now - started)
             progress(f"  [{elapsed // 60}:{elapsed % 60:02d}] {shown}")
 
-    log = open(work / "airflow-standalone.log", "w")  # closed in finally
-    server = subprocess.Popen([*airflow, "standalone"], env=env, stdout=log, stderr=subprocess.STDOUT,
-                              start_new_session=True)
-    try:
+    with standalone(env, work / "airflow-standalone.log") as server:
         deadline = time.monotonic() + timeout
 
         def cli(*args: str) -> str:
@@ -204,13 +234,6 @@ def run_with_scheduler(work: Path, *, dags_folder: Path | str, timeout: float = 
             say(task_states_line(tasks), repeat=_still_line(tasks))
         say(f"run {state}: {task_states_line(tasks)}")
         return {"state": state, "tasks": tasks, "run_after": run_after, "table": str(work / "lake" / "sales")}
-    finally:
-        try:
-            os.killpg(server.pid, signal.SIGTERM)
-            server.wait(60)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(server.pid, signal.SIGKILL)
-        log.close()
 
 
 def run_sequential(work: Path, *, dags_folder: Path | str) -> dict[str, Any]:

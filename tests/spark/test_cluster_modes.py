@@ -15,8 +15,6 @@ import json
 import os
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -31,98 +29,42 @@ from airflow_delta_occ.jobs.result import JobResult
 from airflow_delta_occ.jobs.spec import JobSpec
 from airflow_delta_occ.spark.session import CONNECT_MODE_FLAG, delta_submit_conf
 
+from ..servers import BIN, get_json, spark_env, spawn, stop, wait_for
+from ..servers import connect_server as connect_server_at
 from .differential.harness import gate_session_conf
 from .jobs import check_disjoint_merges, check_overlapping_merges, create_sales, merge_spec, race_merges, source
 
 REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
-STARTUP_SECONDS = 180
 # Set on the Connect server only: a table created there carries it, one created elsewhere does not.
 CONNECT_MARKER = ("spark.databricks.delta.properties.defaults.checkpointInterval", "7")
-
-
-def _spark_home() -> str:
-    import pyspark
-
-    return str(Path(pyspark.__file__).parent)
-
-
-def _spark_env(logs: Path) -> dict[str, str]:
-    """Environment for Spark's launchers and for SparkSubmitHook (which runs ``spark-submit`` from PATH)."""
-    return {**os.environ, "SPARK_HOME": _spark_home(), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(logs),
-            "SPARK_WORKER_DIR": str(logs), "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-            "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-
-
-def _get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return json.loads(response.read())
-
-
-def _wait_for(ready: Callable[[], bool], what: str, logs: Path, procs: list[subprocess.Popen[bytes]]) -> None:
-    deadline = time.monotonic() + STARTUP_SECONDS
-    while True:
-        try:
-            if ready():
-                return
-        except OSError:
-            pass
-        if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
-            raise RuntimeError(f"{what} did not start; see the logs in {logs}")
-        time.sleep(0.5)
-
-
-def _stop(*procs: subprocess.Popen[bytes]) -> None:
-    for proc in procs:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(args, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
 
 
 @pytest.fixture(scope="module")
 def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     logs = tmp_path_factory.mktemp("standalone")
     port, ui, worker_ui = free_port(), free_port(), free_port()
-    env, spark_class = _spark_env(logs), str(BIN / "spark-class")
-    master = _spawn([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                     "--port", str(port), "--webui-port", str(ui)], env, logs / "master.log")
-    worker = _spawn([spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-                     "--webui-port", str(worker_ui), "--cores", "2", "--memory", "2g",
-                     f"spark://127.0.0.1:{port}"], env, logs / "worker.log")
+    env, spark_class = spark_env(logs), str(BIN / "spark-class")
+    master = spawn([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                    "--port", str(port), "--webui-port", str(ui)], env, logs / "master.log")
+    worker = spawn([spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+                    "--webui-port", str(worker_ui), "--cores", "2", "--memory", "2g",
+                    f"spark://127.0.0.1:{port}"], env, logs / "worker.log")
     try:
-        _wait_for(lambda: any(w.get("state") == "ALIVE"
-                              for w in _get_json(f"http://127.0.0.1:{ui}/json/").get("workers", [])),
-                  "the standalone master and worker", logs, [master, worker])
+        wait_for(lambda: any(w.get("state") == "ALIVE"
+                             for w in get_json(f"http://127.0.0.1:{ui}/json/").get("workers", [])),
+                 "the standalone master and worker", logs, [master, worker])
         yield {"port": port, "ui": ui, "logs": logs, "env": env}
     finally:
-        _stop(worker, master)
+        stop(worker, master)
 
 
 @pytest.fixture(scope="module")
 def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A Spark Connect server with delta-spark and the gate LogStore, as a platform team would run one."""
     logs = tmp_path_factory.mktemp("connect")
-    port, ui = free_port(), free_port()
-    confs = {**delta_submit_conf(), **gate_session_conf(), CONNECT_MARKER[0]: CONNECT_MARKER[1],
-             "spark.connect.grpc.binding.address": "127.0.0.1", "spark.connect.grpc.binding.port": str(port),
-             "spark.ui.port": str(ui)}
-    args = [str(BIN / "spark-submit"), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
-            "--master", "local[2]"]
-    for key, value in confs.items():
-        args += ["--conf", f"{key}={value}"]
-    server = _spawn([*args, "spark-internal"], _spark_env(logs), logs / "server.log")
-    try:
-        _wait_for(lambda: "Spark Connect server started" in (logs / "server.log").read_text(),
-                  "the Spark Connect server", logs, [server])
-        yield {"url": f"sc://127.0.0.1:{port}", "ui": ui, "logs": logs}
-    finally:
-        _stop(server)
+    with connect_server_at(logs, {**delta_submit_conf(), **gate_session_conf(),
+                                  CONNECT_MARKER[0]: CONNECT_MARKER[1]}) as server:
+        yield server
 
 
 def _run_example_dag(tmp_path: Path, env: dict[str, str], delta_conn: dict[str, Any]) -> Path:
@@ -148,7 +90,7 @@ def test_example_dag_through_spark_submit(standalone: dict[str, Any], tmp_path: 
          "extra": {"deploy-mode": "client"}})}
     _run_example_dag(tmp_path, env, {"mode": "spark-submit", "spark_conn_id": "spark_standalone",
                                      "spark_conf": {"spark.executor.memory": "1g", "spark.cores.max": "2"}})
-    state = _get_json(f"http://127.0.0.1:{standalone['ui']}/json/")
+    state = get_json(f"http://127.0.0.1:{standalone['ui']}/json/")
     apps = state.get("completedapps", []) + state.get("activeapps", [])
     submitted = [a for a in apps if str(a.get("name", "")).startswith("delta-occ-delta_concurrent_merges")]
     assert len(submitted) >= 4, [a.get("name") for a in apps]
@@ -159,8 +101,8 @@ def test_example_dag_through_spark_connect(connect_server: dict[str, Any], tmp_p
     # The table was created on the Connect server ...
     assert DeltaLog.for_table(str(table)).snapshot().metadata.configuration.get("delta.checkpointInterval") == "7"
     # ... and every MERGE ran there, each in its own Connect session.
-    app = _get_json(f"http://127.0.0.1:{connect_server['ui']}/api/v1/applications")[0]["id"]
-    executions = _get_json(f"http://127.0.0.1:{connect_server['ui']}/api/v1/applications/{app}/sql"
+    app = get_json(f"http://127.0.0.1:{connect_server['ui']}/api/v1/applications")[0]["id"]
+    executions = get_json(f"http://127.0.0.1:{connect_server['ui']}/api/v1/applications/{app}/sql"
                            "?details=false&length=10000")
     merge_sessions = {e["description"].split('session_id: "')[1].split('"')[0]
                       for e in executions
@@ -176,7 +118,7 @@ def _delta_conn(mode: str, request: pytest.FixtureRequest, monkeypatch: pytest.M
     """A ``delta_occ`` connection for ``mode`` (the gate jar on the remote side too); returns its id."""
     if mode == "spark-submit":
         cluster = request.getfixturevalue("standalone")
-        for key, value in _spark_env(cluster["logs"]).items():
+        for key, value in spark_env(cluster["logs"]).items():
             monkeypatch.setenv(key, value)
         monkeypatch.setenv("AIRFLOW_CONN_SPARK_RACE", json.dumps(
             {"conn_type": "spark", "host": "spark://127.0.0.1", "port": cluster["port"],

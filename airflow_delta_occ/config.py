@@ -78,6 +78,44 @@ def task_retries() -> int:
     return int(text)
 
 
+_TRUE = ("true", "t", "yes", "y", "on", "1")
+_FALSE = ("false", "f", "no", "n", "off", "0", "")
+
+
+def _flag(option: str) -> bool:
+    """A boolean option, False by default; read like Airflow's ``conf.getboolean``.
+
+    Raises:
+        ProviderConfigError: not one of true/false, yes/no, on/off, 1/0 (any case).
+    """
+    text = _get(option, "False").strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ProviderConfigError(f"[{SECTION}] {option} is {text!r}; expected True or False")
+
+
+def assign_pools() -> bool:
+    """``[delta_occ] assign_pools``: the cluster policy gives a Delta task without ``conflict_pool=``
+    the pool its (static) table belongs to in the pool file (default False).
+
+    Raises:
+        ProviderConfigError: not a boolean.
+    """
+    return _flag("assign_pools")
+
+
+def enforce_pools() -> bool:
+    """``[delta_occ] enforce_pools``: the cluster policy moves a Delta task of a conflict pool into the
+    pool's Airflow pool even when its author chose another ``pool=`` (default False: it warns).
+
+    Raises:
+        ProviderConfigError: not a boolean.
+    """
+    return _flag("enforce_pools")
+
+
 def pool_file() -> str | None:
     """``[delta_occ] pool_file``: path of the TOML file that defines the conflict pools; None when unset."""
     return _get("pool_file", "").strip() or None

@@ -81,6 +81,19 @@ def get_provider_info() -> dict[str, Any]:
                         "version_added": "0.1.0", "type": "string", "example": "/etc/airflow/delta_pools.toml",
                         "default": "",
                     },
+                    "assign_pools": {
+                        "description": ("Cluster policy: a Delta task (or sensor) without conflict_pool= whose "
+                                        "table is a literal location matched by the pool file gets that conflict "
+                                        "pool, and runs in its Airflow pool. Set it alike on DAG processors and "
+                                        "workers."),
+                        "version_added": "0.1.0", "type": "boolean", "example": "True", "default": "False",
+                    },
+                    "enforce_pools": {
+                        "description": ("Cluster policy: a Delta task of a conflict pool runs in the pool's "
+                                        "Airflow pool even when it sets another pool= (otherwise the policy "
+                                        "keeps the author's pool and logs a warning)."),
+                        "version_added": "0.1.0", "type": "boolean", "example": "True", "default": "False",
+                    },
                 },
             }
         },

@@ -18,6 +18,8 @@ def get_provider_info() -> dict[str, Any]:
             }
         ],
         "operators": [{"integration-name": "Delta Lake OCC", "python-modules": ["airflow_delta_occ.operators.delta"]}],
+        "sensors": [{"integration-name": "Delta Lake OCC", "python-modules": ["airflow_delta_occ.sensors.conflict"]}],
+        "triggers": [{"integration-name": "Delta Lake OCC", "python-modules": ["airflow_delta_occ.triggers.lease"]}],
         "hooks": [{"integration-name": "Delta Lake OCC",
                    "python-modules": ["airflow_delta_occ.hooks.delta", "airflow_delta_occ.hooks.leases"]}],
         "connection-types": [

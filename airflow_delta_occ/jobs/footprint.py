@@ -43,9 +43,16 @@ def write_partitions(spec: JobSpec, snapshot: Snapshot) -> list[dict[str, Any]] 
 
     ``None`` means "anywhere": a column left open, or more combinations than is useful to list.
     """
-    if not snapshot.partition_columns or not spec.partitions:
+    return partition_combinations(snapshot, spec.partitions)
+
+
+def partition_combinations(snapshot: Snapshot, partitions: Mapping[str, tuple[str | None, ...]] | None
+                           ) -> list[dict[str, Any]] | None:
+    """Every partition ``partitions`` (column -> raw values, as ``PartitionFilter.serialized()``) names,
+    typed; ``None`` when a partition column is left open or there are more than MAX_WRITE_PARTITIONS."""
+    if not snapshot.partition_columns or not partitions:
         return None
-    by_lower = {name.lower(): values for name, values in spec.partitions.items()}
+    by_lower = {name.lower(): values for name, values in partitions.items()}
     options = [_typed(snapshot, column, by_lower.get(column.lower())) for column in snapshot.partition_columns]
     if any(values is None for values in options):
         return None

@@ -134,7 +134,7 @@ class DeltaBaseOperator(BaseOperator):
         if kwargs.get("retry_policy") is None and (kwargs.get("default_args") or {}).get("retry_policy") is None:
             kwargs["retry_policy"] = DeltaConflictRetryPolicy(self.operation, self._policy_overrides)
         _default_retries(kwargs, kwargs.get("default_args"))
-        _route_to_airflow_pool(kwargs, kwargs.get("default_args"), conflict_pool)
+        leasing.route_to_airflow_pool(kwargs, kwargs.get("default_args"), conflict_pool)
         super().__init__(**kwargs)
         self.table = table
         self.table_name = table_name
@@ -159,7 +159,7 @@ class DeltaBaseOperator(BaseOperator):
         defaults, _ = get_merged_defaults(dag=dag, task_group=group, task_params=None,
                                           task_default_args=kwargs.get("default_args"))
         _default_retries(kwargs, defaults)
-        _route_to_airflow_pool(kwargs, defaults, kwargs.get("conflict_pool"))
+        leasing.route_to_airflow_pool(kwargs, defaults, kwargs.get("conflict_pool"))
         return super().partial(**kwargs)
 
     # -- building the job -------------------------------------------------------------------------
@@ -378,22 +378,6 @@ def _default_retries(kwargs: dict[str, Any], default_args: Mapping[str, Any] | N
     (or the DAG's ``default_args``) sets it, a Delta task gets ``[delta_occ] task_retries``."""
     if "retries" not in kwargs and "retries" not in (default_args or {}):
         kwargs["retries"] = config.task_retries()
-
-
-def _route_to_airflow_pool(kwargs: dict[str, Any], default_args: Mapping[str, Any] | None,
-                           conflict_pool: str | None) -> None:
-    """A task of a conflict pool runs in the pool's Airflow pool (so the scheduler caps its writers),
-    unless the author (or the DAG's ``default_args``) chose a pool. The pool name is checked here, at
-    parse time, when the pool file is configured.
-
-    Raises:
-        PoolConfigError: the pool file cannot be read or has no such pool.
-    """
-    if conflict_pool is None:
-        return
-    pool = leasing.configured_pool(conflict_pool)
-    if pool is not None and "pool" not in kwargs and "pool" not in (default_args or {}):
-        kwargs["pool"] = pool.airflow_pool
 
 
 SOURCE_OUTSIDE_ACTIONS = ("fail", "drop")

@@ -68,6 +68,22 @@ def required_pool(name: str) -> Pool:
     return pool
 
 
+def route_to_airflow_pool(kwargs: dict[str, Any], default_args: Mapping[str, Any] | None,
+                          conflict_pool: str | None) -> None:
+    """A task of a conflict pool runs in the pool's Airflow pool (so the scheduler caps its writers),
+    unless the author (or the DAG's ``default_args``) chose a pool. The pool name is checked here, at
+    parse time, when the pool file is configured. Used by every Delta operator and the sensor.
+
+    Raises:
+        PoolConfigError: the pool file cannot be read or has no such pool.
+    """
+    if conflict_pool is None:
+        return
+    pool = configured_pool(conflict_pool)
+    if pool is not None and "pool" not in kwargs and "pool" not in (default_args or {}):
+        kwargs["pool"] = pool.airflow_pool
+
+
 def pooled_table(pool: Pool, location: str) -> str:
     """The table's normalized location, checked to belong to ``pool``.
 

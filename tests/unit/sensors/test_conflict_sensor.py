@@ -1,0 +1,211 @@
+"""``DeltaConflictSensor`` and ``DeltaLeaseReleaseOperator`` against a real SQLite lease store and a
+hand-written Delta log (``sales``: partitioned by date and country, two files in DE and FR)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from airflow.sdk.exceptions import TaskDeferred
+
+from airflow_delta_occ.engine import Snapshot
+from airflow_delta_occ.engine.planner import TableState, plan_footprint
+from airflow_delta_occ.exceptions import (
+    JobSpecError,
+    LeaseOwnershipError,
+    LeaseStoreError,
+    PartitionSpecError,
+    PoolConfigError,
+    UnsafeExpressionError,
+)
+from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
+from airflow_delta_occ.pools.requests import LeaseRequest, LeaseStatus
+from airflow_delta_occ.sensors import DeltaConflictSensor, DeltaLeaseReleaseOperator
+from airflow_delta_occ.triggers.lease import DeltaLeaseTrigger
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def pools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "pools.toml"
+    path.write_text(f'[pools.sales]\ntables = ["{tmp_path}/sales"]\nairflow_pool = "delta_sales"\n'
+                    'lease_ttl = "30s"\nheartbeat = "2s"\n')
+    monkeypatch.setenv("AIRFLOW__DELTA_OCC__POOL_FILE", str(path))
+    return path
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    db = tmp_path / "leases.db"
+    monkeypatch.setenv("AIRFLOW_CONN_DELTA_OCC_LEASES", json.dumps(
+        {"conn_type": "delta_occ_leases", "extra": {"backend": "sqlite", "path": str(db)}}))
+    store = SqlLeaseStore(f"sqlite:///{db}")
+    yield store
+    store.close()
+
+
+def _context(task_id: str = "wait", xcom: Any = None) -> dict[str, Any]:
+    ti = SimpleNamespace(dag_id="d", task_id=task_id, map_index=-1, try_number=1, max_tries=1,
+                         xcom_pull=lambda task_ids: xcom)
+    return {"ti": ti, "run_id": "manual__1"}
+
+
+def _sensor(table: str, **kwargs: Any) -> DeltaConflictSensor:
+    kwargs.setdefault("operation", "update")
+    kwargs.setdefault("conflict_pool", "sales")
+    return DeltaConflictSensor(task_id=kwargs.pop("task_id", "wait"), table=table, **kwargs)
+
+
+def _hold(store: SqlLeaseStore, table: str, snapshot: Snapshot, owner: str, predicate: str | None) -> str:
+    """A lease held by another job on ``predicate`` (an UPDATE), as an operator would take it."""
+    state = store.acquire(LeaseRequest.of(pool="sales", table=f"file://{table}", owner=owner,
+                                          footprint=plan_footprint(snapshot, "UPDATE", predicate),
+                                          table_state=TableState.of(snapshot), ttl=30.0))
+    assert state.granted
+    return state.request_id
+
+
+# -- parse time -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(("kwargs", "error", "message"), [
+    ({"operation": "truncate"}, JobSpecError, r"operation must be one of merge, update, .*, got 'truncate'"),
+    ({"operation": None}, JobSpecError, "operation must be one of"),
+    ({"conflict_pool": "nope"}, PoolConfigError, r"conflict_pool='nope'.*unknown pool 'nope'"),
+    ({"lease_ttl": 0}, JobSpecError, "lease_ttl must be a positive number of seconds, got 0"),
+    ({"lease_ttl": True}, JobSpecError, "lease_ttl must be a positive number"),
+    ({"partitions": {"country": None}}, PartitionSpecError, "country"),
+    ({"condition": "id = 1; DROP TABLE x"}, UnsafeExpressionError, "condition is not accepted"),
+    ({"properties": ["a"]}, JobSpecError, "properties must be a mapping"),
+])
+def test_bad_arguments_fail_at_parse_time(pools: Path, kwargs: dict[str, Any], error: type[Exception],
+                                          message: str) -> None:
+    with pytest.raises(error, match=message):
+        _sensor("/lake/t", **kwargs)
+
+
+def test_the_sensor_runs_in_the_pools_airflow_pool_and_takes_planner_operations(pools: Path) -> None:
+    assert _sensor("/lake/t").pool == "delta_sales"
+    assert _sensor("/lake/t", pool="mine").pool == "mine"
+    assert _sensor("/lake/t", operation=" SET_Properties ").planner_operation == "SET_PROPERTIES"
+    assert _sensor("/lake/t", operation="append").planner_operation == "INSERT"
+
+
+def test_release_needs_exactly_one_source_of_the_lease() -> None:
+    with pytest.raises(JobSpecError, match="exactly one of sensor_task_id= or lease="):
+        DeltaLeaseReleaseOperator(task_id="r")
+    assert DeltaLeaseReleaseOperator(task_id="r", sensor_task_id="wait").trigger_rule == "all_done"
+
+
+# -- the footprint it plans -----------------------------------------------------------------------
+def test_the_footprint_is_the_partition_filter_and_condition(pools: Path, sales_log: tuple[str, Snapshot]) -> None:
+    table, snapshot = sales_log
+    de = _sensor(table, partitions={"date": "2024-01-01", "country": "DE"}, condition="id > 5").footprint(snapshot)
+    assert sorted(de.read_files) == sorted(de.removes) == ["DE-0.parquet", "DE-1.parquet"]
+    whole = _sensor(table, operation="optimize").footprint(snapshot)
+    assert len(whole.removes) == 4
+    props = _sensor(table, operation="set_properties", properties={"a": "b"}).footprint(snapshot)
+    assert props.metadata is not None and props.metadata.configuration.get("a") == "b"
+
+
+def test_unknown_properties_conflict_with_every_writer(pools: Path, sales_log: tuple[str, Snapshot]) -> None:
+    """Without ``properties=`` a set_properties writer is not taken to change nothing (which the planner
+    would let any writer rebase over): it conflicts even with an UPDATE of another partition."""
+    from airflow_delta_occ.engine.planner import can_conflict
+
+    table, snapshot = sales_log
+    unknown = _sensor(table, operation="set_properties").footprint(snapshot)
+    assert can_conflict(plan_footprint(snapshot, "UPDATE", "country = 'FR'"), unknown, snapshot).conflict
+
+
+def test_an_append_is_placed_only_where_partitions_pin_every_column(pools: Path, sales_log: tuple[str, Snapshot]
+                                                                    ) -> None:
+    from airflow_delta_occ.engine.planner import can_conflict
+
+    table, snapshot = sales_log
+    update_fr = plan_footprint(snapshot, "UPDATE", "country = 'FR'")
+    pinned = _sensor(table, operation="append", partitions={"date": "2024-01-01", "country": "DE"})
+    open_column = _sensor(table, operation="append", partitions={"country": "DE"})
+    # Pinned to DE: an UPDATE of FR cannot see its files. One column open: it may write anywhere.
+    assert can_conflict(update_fr, pinned.footprint(snapshot), snapshot).conflict is False
+    assert can_conflict(update_fr, open_column.footprint(snapshot), snapshot).conflict is True
+
+
+# -- run time, against a real lease store ---------------------------------------------------------
+def test_granted_at_once_it_succeeds_holding_the_lease(pools: Path, store: SqlLeaseStore,
+                                                       sales_log: tuple[str, Snapshot]) -> None:
+    table, _ = sales_log
+    out = _sensor(table, partitions={"date": "2024-01-01", "country": "DE"}, lease_ttl=120).execute(_context())
+    assert out["pool"] == "sales" and out["owner"] == "d/wait/manual__1/-1/1" and out["waited_for"] == []
+    assert out["lease_ttl"] == 120.0 and out["table"] == table
+    [held] = store.holders()
+    assert held.request_id == out["request_id"] and held.expires_at - held.granted_at == pytest.approx(120.0)
+
+
+def test_a_conflicting_holder_defers_it_and_a_disjoint_one_does_not(pools: Path, store: SqlLeaseStore,
+                                                                    sales_log: tuple[str, Snapshot]) -> None:
+    table, snapshot = sales_log
+    _hold(store, table, snapshot, "job-de", "country = 'DE'")
+    fr = _sensor(table, task_id="fr", partitions={"date": "2024-01-01", "country": "FR"})
+    assert fr.execute(_context("fr"))["waited_for"] == []
+    de = _sensor(table, task_id="de", partitions={"date": "2024-01-01", "country": "DE"}, poke_interval=0.5)
+    with pytest.raises(TaskDeferred) as deferred:
+        de.execute(_context("de"))
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, DeltaLeaseTrigger) and trigger.poll_interval == 0.5
+    assert trigger.owner == "d/de/manual__1/-1/1"
+    assert deferred.value.method_name == "execute_complete"
+    [waiter] = store.waiters()
+    assert waiter.request_id == trigger.request_id
+
+
+def test_execute_complete_hands_over_the_granted_lease(pools: Path, store: SqlLeaseStore,
+                                                       sales_log: tuple[str, Snapshot]) -> None:
+    table, _ = sales_log
+    event = {"status": "granted", "request_id": "r1", "waited": 2.5,
+             "blockers_seen": [{"request_id": "x", "owner": "job-de", "reason": "r"}]}
+    out = _sensor(table).execute_complete(_context(), event)
+    assert (out["request_id"], out["waited"], out["waited_for"], out["lease_ttl"]) == ("r1", 2.5, ["job-de"], 30.0)
+    with pytest.raises(LeaseStoreError, match="waiting for a lease failed: store down"):
+        _sensor(table).execute_complete(_context(), {"status": "error", "message": "store down"})
+
+
+def test_the_release_step_frees_the_table_for_the_next_writer(pools: Path, store: SqlLeaseStore,
+                                                              sales_log: tuple[str, Snapshot]) -> None:
+    table, snapshot = sales_log
+    lease = _sensor(table, operation="set_properties").execute(_context())
+    next_job = store.acquire(LeaseRequest.of(pool="sales", table=f"file://{table}", owner="next",
+                                             footprint=plan_footprint(snapshot, "UPDATE", "country = 'FR'"),
+                                             table_state=TableState.of(snapshot), ttl=30.0))
+    assert not next_job.granted  # a metadata change conflicts with every writer
+    release = DeltaLeaseReleaseOperator(task_id="release", sensor_task_id="wait")
+    assert release.execute(_context("release", xcom=lease)) is True
+    assert store.poll(next_job.request_id, "next").status is LeaseStatus.GRANTED
+    # Again (a retry of the release step): the lease is already gone, which is no error.
+    assert release.execute(_context("release", xcom=lease)) is False
+
+
+def test_the_release_step_without_a_lease_does_nothing_and_a_wrong_owner_fails(
+        pools: Path, store: SqlLeaseStore, sales_log: tuple[str, Snapshot]) -> None:
+    table, _ = sales_log
+    release = DeltaLeaseReleaseOperator(task_id="release", sensor_task_id="wait")
+    assert release.execute(_context("release", xcom=None)) is False
+    lease = _sensor(table).execute(_context())
+    with pytest.raises(LeaseOwnershipError):
+        release.execute(_context("release", xcom={**lease, "owner": "someone-else"}))
+    with pytest.raises(JobSpecError, match="not a lease handed over by DeltaConflictSensor"):
+        release.execute(_context("release", xcom={"pool": "sales"}))
+    assert [h.request_id for h in store.holders()] == [lease["request_id"]]
+
+
+def test_a_table_outside_the_pool_or_without_a_log_fails_before_asking(pools: Path, store: SqlLeaseStore,
+                                                                       tmp_path: Path) -> None:
+    from airflow_delta_occ.engine.errors import TableNotFoundError
+
+    with pytest.raises(PoolConfigError, match="is not in conflict pool 'sales'"):
+        _sensor(str(tmp_path / "elsewhere")).execute(_context())
+    with pytest.raises(TableNotFoundError):
+        _sensor(str(tmp_path / "sales")).execute(_context())
+    assert store.records() == []

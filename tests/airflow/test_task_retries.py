@@ -82,9 +82,9 @@ def _earlier_tries(db: Path, run_id: str) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def _xcom(db: Path, run_id: str, task_id: str) -> Any:
+def _xcom(db: Path, run_id: str, task_id: str, dag_id: str = DAG_ID) -> Any:
     rows = _query(db, "SELECT value FROM xcom WHERE dag_id = ? AND run_id = ? AND task_id = ? AND key = "
-                      "'return_value'", DAG_ID, run_id, task_id)
+                      "'return_value'", dag_id, run_id, task_id)
     if not rows:
         return None
     value = rows[0]["value"]

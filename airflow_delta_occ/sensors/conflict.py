@@ -5,7 +5,10 @@ ask for a lease itself. ``DeltaConflictSensor`` asks for it from the arguments t
 writer (table, operation, partitions, an extra condition), waits deferred in the triggerer while a
 conflicting job holds one, and succeeds holding the lease. Nobody renews it after that: it lives for
 ``lease_ttl`` seconds, which must cover the downstream writer, unless ``DeltaLeaseReleaseOperator``
-(``trigger_rule="all_done"``: after the writer, whatever its outcome) releases it first.
+(``trigger_rule="all_done"``: after the writer, whatever its outcome) releases it first. The TTL
+starts again at the hand-over (a lease that expired between the grant in the triggerer and the
+sensor's resumption is asked for again), and a sensor that stops waiting (its ``timeout``, or a
+trigger error) cancels its request so that it does not keep its place in line.
 
 The footprint is planned from the arguments, not from the writer's real statement, so it must not
 be narrower than what the writer does: the predicate is the typed partition filter ANDed with
@@ -24,8 +27,10 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import BaseOperator, BaseSensorOperator
+from airflow.sdk.bases.operator import TRIGGER_FAIL_REPR
+from airflow.sdk.exceptions import AirflowNotFoundException
 
-from airflow_delta_occ.exceptions import JobSpecError, LeaseStoreError
+from airflow_delta_occ.exceptions import DeltaJobError, JobSpecError, LeaseLostError, LeaseStoreError
 from airflow_delta_occ.hooks.leases import DeltaLeaseStoreHook
 from airflow_delta_occ.jobs.checks import templated
 from airflow_delta_occ.jobs.partitions import (
@@ -86,9 +91,12 @@ class DeltaConflictSensor(BaseSensorOperator):
         writer's run time. Default: the pool's ``lease_ttl``.
     :param lease_conn_id: the ``delta_occ_leases`` connection of the lease store.
     :param poke_interval: seconds between the trigger's polls of the store.
+    :param timeout: (``BaseSensorOperator``) seconds to wait for the grant; then the sensor fails (or
+        skips with ``soft_fail``) after cancelling its request.
 
-    XCom: ``{"pool", "request_id", "owner", "table", "waited", "waited_for", "lease_ttl"}``, what
-    ``DeltaLeaseReleaseOperator`` needs to release the lease.
+    XCom: ``{"pool", "request_id", "owner", "table", "waited", "waited_for", "expires_in"}``, what
+    ``DeltaLeaseReleaseOperator`` needs to release the lease; ``expires_in`` is the seconds the lease
+    lives from the hand-over unless released.
     """
 
     template_fields: Sequence[str] = ("table", "partitions", "condition", "properties")
@@ -176,7 +184,9 @@ class DeltaConflictSensor(BaseSensorOperator):
         with DeltaLeaseStoreHook(self.lease_conn_id).get_store() as store:
             state = store.acquire(request)
         if state.granted:
-            return self._handed_over(request.pool, state.request_id, owner, request.ttl, 0.0, [])
+            expires_in = (state.record.expires_at - state.checked_at if state.record is not None
+                          else request.ttl)
+            return self._handed_over(request.pool, state.request_id, owner, expires_in, state.waited or 0.0, [])
         self.log.info("conflict pool %s: lease request %s on %s waits for %s", pool.name, state.request_id,
                       request.table, leasing.describe_wait(state))
         timeout = timedelta(seconds=float(self.timeout)) if self.timeout is not None else None
@@ -187,25 +197,65 @@ class DeltaConflictSensor(BaseSensorOperator):
         raise AssertionError("defer() returns only by raising")  # pragma: no cover
 
     def execute_complete(self, context: Any, event: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
-        """The trigger saw the grant: succeed holding the lease (its TTL has been running since the grant).
+        """The trigger saw the grant: renew the lease (its TTL ran since the grant, so it starts again at
+        the hand-over) and succeed holding it; a lease that expired before the sensor resumed is asked
+        for again.
 
         Raises:
-            LeaseStoreError: the trigger reported an error instead of a grant.
+            LeaseStoreError: the trigger reported an error instead of a grant (the request is cancelled).
+            TaskDeferred: the lease expired before the resumption and must be waited for again.
         """
+        owner = leasing.lease_owner(context)
         if not event or event.get("status") != "granted":
             message = (event or {}).get("message") or f"unexpected lease trigger event {event!r}"
+            self.cancel_requests(owner, (event or {}).get("request_id"))
             raise LeaseStoreError(f"conflict pool {self.conflict_pool!r}: waiting for a lease failed: {message}")
-        ttl = self.lease_ttl or leasing.required_pool(self.conflict_pool).lease_ttl
-        return self._handed_over(self.conflict_pool, str(event["request_id"]), leasing.lease_owner(context), ttl,
+        request_id = str(event["request_id"])
+        try:
+            with DeltaLeaseStoreHook(self.lease_conn_id).get_store() as store:
+                record = store.renew(request_id, owner)
+        except LeaseLostError as exc:
+            self.log.warning("conflict pool %s: the granted lease %s expired before the sensor resumed (%s); "
+                             "asking again", self.conflict_pool, request_id, exc)
+            return self.execute(context)
+        self.log.info("conflict pool %s: lease %s renewed at the hand-over, until %.3f (the store's clock)",
+                      self.conflict_pool, request_id, record.expires_at)
+        ttl = self.lease_ttl or leasing.required_pool(self.conflict_pool).lease_ttl  # renewed: the whole TTL
+        return self._handed_over(self.conflict_pool, request_id, owner, ttl,
                                  float(event.get("waited") or 0.0),
                                  leasing.blocker_names(event.get("blockers_seen") or []))
 
-    def _handed_over(self, pool: str, request_id: str, owner: str, ttl: float, waited: float,
+    def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Any) -> Any:
+        """A deferral that ended without an event (the sensor's ``timeout``, a trigger that failed) resumes
+        here with ``__fail__``: cancel the waiting request first (the triggerer does not call the
+        trigger's ``on_kill`` on a timeout), then fail (or skip, with ``soft_fail``) as any sensor does."""
+        if next_method == TRIGGER_FAIL_REPR:
+            self.cancel_requests(leasing.lease_owner(context))
+        return super().resume_execution(next_method, next_kwargs, context)
+
+    def cancel_requests(self, owner: str, request_id: str | None = None) -> None:
+        """Cancel ``request_id`` and every other live request of ``owner`` (this sensor try) on the table,
+        quietly: a failure is logged (the request is then abandoned after its TTL without heartbeats),
+        never raised over the error that ended the wait."""
+        try:
+            table = leasing.pooled_table(leasing.required_pool(self.conflict_pool), self.table)
+            with DeltaLeaseStoreHook(self.lease_conn_id).get_store() as store:
+                ids = {r.request_id for r in store.records(pool=self.conflict_pool, table=table) if r.owner == owner}
+                if request_id:
+                    ids.add(str(request_id))
+                for live in sorted(ids):
+                    leasing.release_quietly(store, live, owner, self.log)
+        except (DeltaJobError, AirflowNotFoundException) as exc:
+            self.log.error("conflict pool %s: could not cancel the lease requests of %s on %s (they are "
+                           "abandoned after their TTL): %s", self.conflict_pool, owner, self.table, exc)
+
+    def _handed_over(self, pool: str, request_id: str, owner: str, expires_in: float, waited: float,
                      waited_for: list[str]) -> dict[str, Any]:
-        self.log.info("conflict pool %s: lease %s on %s granted to %s (waited %.3f s for %s); it lives %.0f s "
-                      "unless released", pool, request_id, self.table, owner, waited, waited_for or "nobody", ttl)
+        self.log.info("conflict pool %s: lease %s on %s granted to %s (waited %.3f s for %s); it expires in "
+                      "%.0f s unless released", pool, request_id, self.table, owner, waited,
+                      waited_for or "nobody", expires_in)
         return {"pool": pool, "request_id": request_id, "owner": owner, "table": self.table,
-                "waited": round(waited, 3), "waited_for": waited_for, "lease_ttl": ttl}
+                "waited": round(waited, 3), "waited_for": waited_for, "expires_in": round(expires_in, 3)}
 
     def poke(self, context: Any) -> bool:
         """Not used: the sensor always waits deferred (polling from a worker would hold a slot and,

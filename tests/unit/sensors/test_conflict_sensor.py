@@ -3,13 +3,18 @@ hand-written Delta log (``sales``: partitioned by date and country, two files in
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
-from airflow.sdk.exceptions import TaskDeferred
+from airflow.sdk.bases.operator import TriggerFailureReason
+from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException, TaskDeferred
+from airflow.triggers.base import TriggerEvent
 
 from airflow_delta_occ.engine import Snapshot
 from airflow_delta_occ.engine.planner import TableState, plan_footprint
@@ -22,7 +27,7 @@ from airflow_delta_occ.exceptions import (
     UnsafeExpressionError,
 )
 from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
-from airflow_delta_occ.pools.requests import LeaseRequest, LeaseStatus
+from airflow_delta_occ.pools.requests import AuditKind, LeaseRequest, LeaseStatus
 from airflow_delta_occ.sensors import DeltaConflictSensor, DeltaLeaseReleaseOperator
 from airflow_delta_occ.triggers.lease import DeltaLeaseTrigger
 
@@ -139,9 +144,12 @@ def test_granted_at_once_it_succeeds_holding_the_lease(pools: Path, store: SqlLe
     table, _ = sales_log
     out = _sensor(table, partitions={"date": "2024-01-01", "country": "DE"}, lease_ttl=120).execute(_context())
     assert out["pool"] == "sales" and out["owner"] == "d/wait/manual__1/-1/1" and out["waited_for"] == []
-    assert out["lease_ttl"] == 120.0 and out["table"] == table
+    assert out["expires_in"] == pytest.approx(120.0) and out["table"] == table and out["waited"] == 0.0
+    assert set(out) == {"pool", "request_id", "owner", "table", "waited", "waited_for", "expires_in"}
+    json.dumps(out)  # an XCom: plain JSON
     [held] = store.holders()
-    assert held.request_id == out["request_id"] and held.expires_at - held.granted_at == pytest.approx(120.0)
+    assert held.granted_at is not None and held.request_id == out["request_id"]
+    assert held.expires_at - held.granted_at == pytest.approx(120.0)
 
 
 def test_a_conflicting_holder_defers_it_and_a_disjoint_one_does_not(pools: Path, store: SqlLeaseStore,
@@ -161,15 +169,85 @@ def test_a_conflicting_holder_defers_it_and_a_disjoint_one_does_not(pools: Path,
     assert waiter.request_id == trigger.request_id
 
 
-def test_execute_complete_hands_over_the_granted_lease(pools: Path, store: SqlLeaseStore,
-                                                       sales_log: tuple[str, Snapshot]) -> None:
+def _defer(sensor: DeltaConflictSensor, context: dict[str, Any]) -> DeltaLeaseTrigger:
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute(context)
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, DeltaLeaseTrigger)
+    return trigger
+
+
+async def _first_event(trigger: DeltaLeaseTrigger, timeout: float = 10.0) -> dict[str, Any]:
+    """The trigger's first event, as the triggerer runs it (the connection comes from the environment)."""
+    events = cast(AsyncGenerator[TriggerEvent, None], trigger.run())
+    try:
+        event = await asyncio.wait_for(anext(events), timeout)
+    finally:
+        await events.aclose()
+    payload: dict[str, Any] = event.payload
+    return payload
+
+
+def test_execute_complete_hands_over_the_granted_lease_renewed(pools: Path, store: SqlLeaseStore,
+                                                               sales_log: tuple[str, Snapshot]) -> None:
+    """The whole wait: deferred behind a holder, granted in the trigger when it is released, handed over
+    with its TTL started again (the grant happened in the triggerer, before the sensor resumed)."""
+    table, snapshot = sales_log
+    holder = _hold(store, table, snapshot, "job-de", "country = 'DE'")
+    sensor = _sensor(table, partitions={"date": "2024-01-01", "country": "DE"}, poke_interval=0.05, lease_ttl=60)
+    trigger = _defer(sensor, _context())
+    timer = threading.Timer(0.3, store.release, (holder, "job-de"))
+    timer.start()
+    event = asyncio.run(_first_event(trigger))
+    timer.join()
+    assert event["status"] == "granted"
+    out = sensor.execute_complete(_context(), event)
+    assert (out["request_id"], out["waited_for"], out["expires_in"]) == (trigger.request_id, ["job-de"], 60.0)
+    assert out["waited"] >= 0.2
+    [held] = store.holders()
+    assert held.granted_at is not None and held.request_id == out["request_id"]
+    assert held.expires_at - held.granted_at >= 60.0  # renewed at the hand-over
+    assert store.history()[-1].kind is AuditKind.RENEW
+
+
+def test_a_lease_that_expired_before_the_sensor_resumed_is_asked_for_again(
+        pools: Path, store: SqlLeaseStore, sales_log: tuple[str, Snapshot]) -> None:
     table, _ = sales_log
-    event = {"status": "granted", "request_id": "r1", "waited": 2.5,
-             "blockers_seen": [{"request_id": "x", "owner": "job-de", "reason": "r"}]}
+    event = {"status": "granted", "request_id": "gone", "waited": 2.5, "blockers_seen": []}
     out = _sensor(table).execute_complete(_context(), event)
-    assert (out["request_id"], out["waited"], out["waited_for"], out["lease_ttl"]) == ("r1", 2.5, ["job-de"], 30.0)
+    assert out["request_id"] != "gone" and [h.request_id for h in store.holders()] == [out["request_id"]]
+
+
+def test_a_trigger_error_fails_the_sensor_and_cancels_its_request(pools: Path, store: SqlLeaseStore,
+                                                                  sales_log: tuple[str, Snapshot]) -> None:
+    table, snapshot = sales_log
+    _hold(store, table, snapshot, "job-de", "country = 'DE'")
+    sensor = _sensor(table, partitions={"date": "2024-01-01", "country": "DE"})
+    trigger = _defer(sensor, _context())
     with pytest.raises(LeaseStoreError, match="waiting for a lease failed: store down"):
-        _sensor(table).execute_complete(_context(), {"status": "error", "message": "store down"})
+        sensor.execute_complete(_context(), {"status": "error", "request_id": trigger.request_id,
+                                             "message": "store down"})
+    assert store.waiters() == [] and [h.owner for h in store.holders()] == ["job-de"]
+
+
+@pytest.mark.parametrize("soft_fail", [False, True])
+def test_a_sensor_that_times_out_cancels_its_request(pools: Path, store: SqlLeaseStore,
+                                                     sales_log: tuple[str, Snapshot], soft_fail: bool) -> None:
+    """The scheduler ends a deferral past ``timeout`` by resuming the task with ``__fail__`` (the triggerer
+    cancels the trigger without ``on_kill``): the sensor cancels its request, then fails as sensors do.
+    The next writer in line is then granted as soon as the holder is done."""
+    table, snapshot = sales_log
+    holder = _hold(store, table, snapshot, "job-de", "country = 'DE'")
+    sensor = _sensor(table, partitions={"date": "2024-01-01", "country": "DE"}, timeout=1, soft_fail=soft_fail)
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute(_context())
+    assert deferred.value.timeout is not None and deferred.value.timeout.total_seconds() == 1.0
+    assert len(store.waiters()) == 1
+    expected = AirflowSkipException if soft_fail else AirflowSensorTimeout
+    with pytest.raises(expected):
+        sensor.resume_execution("__fail__", {"error": TriggerFailureReason.TRIGGER_TIMEOUT}, _context())
+    assert store.waiters() == [] and [h.request_id for h in store.holders()] == [holder]
+    assert store.history()[-1].kind is AuditKind.CANCEL
 
 
 def test_the_release_step_frees_the_table_for_the_next_writer(pools: Path, store: SqlLeaseStore,

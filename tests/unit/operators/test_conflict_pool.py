@@ -4,7 +4,6 @@ leased at run time from a real SQLite lease store on a hand-written Delta log (o
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -91,16 +90,6 @@ def test_without_a_pool_file_the_name_is_checked_only_at_run_time(sales_log: tup
 def _context(try_number: int = 1) -> dict[str, Any]:
     ti = SimpleNamespace(dag_id="d", task_id="u", map_index=-1, try_number=try_number, max_tries=try_number + 1)
     return {"ti": ti, "run_id": "manual__1"}
-
-
-@pytest.fixture
-def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    db = tmp_path / "leases.db"
-    monkeypatch.setenv("AIRFLOW_CONN_DELTA_OCC_LEASES", json.dumps(
-        {"conn_type": "delta_occ_leases", "extra": {"backend": "sqlite", "path": str(db)}}))
-    store = SqlLeaseStore(f"sqlite:///{db}")
-    yield store
-    store.close()
 
 
 class _Spark:

@@ -6,15 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import AsyncGenerator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from airflow.sdk.bases.operator import TriggerFailureReason
 from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException, TaskDeferred
-from airflow.triggers.base import TriggerEvent
 
 from airflow_delta_occ.engine import Snapshot
 from airflow_delta_occ.engine.planner import TableState, plan_footprint
@@ -31,6 +29,8 @@ from airflow_delta_occ.pools.requests import AuditKind, LeaseRequest, LeaseStatu
 from airflow_delta_occ.sensors import DeltaConflictSensor, DeltaLeaseReleaseOperator
 from airflow_delta_occ.triggers.lease import DeltaLeaseTrigger
 
+from ..triggers.test_lease_trigger import _first_event
+
 pytestmark = pytest.mark.unit
 
 
@@ -41,16 +41,6 @@ def pools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
                     'lease_ttl = "30s"\nheartbeat = "2s"\n')
     monkeypatch.setenv("AIRFLOW__DELTA_OCC__POOL_FILE", str(path))
     return path
-
-
-@pytest.fixture
-def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    db = tmp_path / "leases.db"
-    monkeypatch.setenv("AIRFLOW_CONN_DELTA_OCC_LEASES", json.dumps(
-        {"conn_type": "delta_occ_leases", "extra": {"backend": "sqlite", "path": str(db)}}))
-    store = SqlLeaseStore(f"sqlite:///{db}")
-    yield store
-    store.close()
 
 
 def _context(task_id: str = "wait", xcom: Any = None) -> dict[str, Any]:
@@ -177,17 +167,6 @@ def _defer(sensor: DeltaConflictSensor, context: dict[str, Any]) -> DeltaLeaseTr
     return trigger
 
 
-async def _first_event(trigger: DeltaLeaseTrigger, timeout: float = 10.0) -> dict[str, Any]:
-    """The trigger's first event, as the triggerer runs it (the connection comes from the environment)."""
-    events = cast(AsyncGenerator[TriggerEvent, None], trigger.run())
-    try:
-        event = await asyncio.wait_for(anext(events), timeout)
-    finally:
-        await events.aclose()
-    payload: dict[str, Any] = event.payload
-    return payload
-
-
 def test_execute_complete_hands_over_the_granted_lease_renewed(pools: Path, store: SqlLeaseStore,
                                                                sales_log: tuple[str, Snapshot]) -> None:
     """The whole wait: deferred behind a holder, granted in the trigger when it is released, handed over
@@ -287,3 +266,40 @@ def test_a_table_outside_the_pool_or_without_a_log_fails_before_asking(pools: Pa
     with pytest.raises(TableNotFoundError):
         _sensor(str(tmp_path / "sales")).execute(_context())
     assert store.records() == []
+
+
+# -- hostile text ---------------------------------------------------------------------------------
+def test_a_condition_cannot_escape_the_partition_filter(pools: Path, sales_log: tuple[str, Snapshot]) -> None:
+    """``condition`` is ANDed as a parse tree: an OR inside it widens nothing beyond ``partitions=``."""
+    table, snapshot = sales_log
+    fp = _sensor(table, partitions={"date": "2024-01-01", "country": "DE"},
+                 condition="country = 'FR' OR 1 = 1").footprint(snapshot)
+    assert sorted(fp.removes) == ["DE-0.parquet", "DE-1.parquet"]
+    with pytest.raises(UnsafeExpressionError):
+        _sensor(table, condition="1 = 1) OR (1 = 1")
+
+
+def test_a_hostile_partition_value_is_one_literal_value(pools: Path, sales_log: tuple[str, Snapshot]) -> None:
+    """A quote in a partition value names a partition with that odd name; it never opens the filter."""
+    table, snapshot = sales_log
+    fp = _sensor(table, partitions={"date": "2024-01-01", "country": "DE' OR '1'='1"}).footprint(snapshot)
+    assert dict(fp.removes) == {} and dict(fp.read_files) == {}
+
+
+def test_a_hostile_lease_in_the_xcom_releases_nothing(pools: Path, store: SqlLeaseStore,
+                                                      sales_log: tuple[str, Snapshot]) -> None:
+    table, _ = sales_log
+    lease = _sensor(table).execute(_context())
+    release = DeltaLeaseReleaseOperator(task_id="release", sensor_task_id="wait")
+    hostile = {**lease, "request_id": "x' OR '1'='1"}
+    assert release.execute(_context("release", xcom=hostile)) is False
+    assert [h.request_id for h in store.holders()] == [lease["request_id"]]
+
+
+def test_the_sensor_names_each_job_operation_as_the_operators_plan_it() -> None:
+    """SENSOR_OPERATIONS is spelled out (importing the planner at parse time would load pyarrow); it must
+    agree with the operators' mapping for every job operation."""
+    from airflow_delta_occ.jobs.footprint import ENGINE_OPERATIONS
+    from airflow_delta_occ.sensors.conflict import SENSOR_OPERATIONS
+
+    assert {k: SENSOR_OPERATIONS[k] for k in ENGINE_OPERATIONS} == {k: v.value for k, v in ENGINE_OPERATIONS.items()}

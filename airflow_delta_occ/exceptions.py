@@ -82,8 +82,25 @@ class ConflictFailure(DeltaJobError):
         return (_rebuild, (type(self), str(self), {"kind": self.kind, "attempts": self.attempts}))
 
 
+class StorageConnectionError(ProviderConfigError):
+    """A storage connection (``storage_conn_id``) is missing, of a type the provider cannot use, or
+    holds settings it cannot apply; raised before the table is read."""
+
+
+class UnsafeLogStoreError(DeltaJobError):
+    """Commits to the table could be lost: it is on S3 and each job starts its own Spark driver, but
+    the LogStore keeps commits exclusive only inside one driver. Raised before anything is written."""
+
+
 class CommitNotConfirmedError(DeltaJobError):
     """Spark reported success but the Delta log shows no commit tagged with this run."""
+
+
+class JobKilledError(DeltaJobError):
+    """The task was killed while its Spark job ran, and ``on_kill`` stopped the job before it committed.
+
+    The table is at the version before the job (a commit is all or nothing); a retry runs it again.
+    """
 
 
 class SourceOutsidePartitionsError(JobSpecError):

@@ -14,18 +14,25 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Iterator, Mapping
-from typing import Any
+import threading
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_delta_occ.config import MODES, default_mode
-from airflow_delta_occ.exceptions import DeltaJobError
+from airflow_delta_occ.exceptions import DeltaJobError, JobKilledError
 from airflow_delta_occ.jobs.result import JobResult
 from airflow_delta_occ.jobs.spec import JobSpec
 from airflow_delta_occ.retry.classify import ConflictKind, classify_conflict, conflict_failure
 from airflow_delta_occ.spark.session import CONNECT_MODE_FLAG
+from airflow_delta_occ.spark.storage import SparkStorageSettings
+
+if TYPE_CHECKING:
+    from airflow_delta_occ.engine.object_store import StorageCredentials
 
 
 class DeltaSparkHook(BaseHook):
@@ -35,7 +42,7 @@ class DeltaSparkHook(BaseHook):
     hook_name = "Delta Lake (airflow-delta-occ)"
 
     def __init__(self, delta_conn_id: str | None = default_conn_name, *, mode: str | None = None,
-                 spark_conf: Mapping[str, str] | None = None) -> None:
+                 spark_conf: Mapping[str, str] | None = None, storage_conn_id: str | None = None) -> None:
         super().__init__()
         self.delta_conn_id = delta_conn_id
         extras: dict[str, Any] = {}
@@ -50,6 +57,52 @@ class DeltaSparkHook(BaseHook):
         if self.mode not in MODES:
             raise DeltaJobError(f"unknown mode {self.mode!r} in connection {delta_conn_id!r}; use one of {MODES}")
         self.spark_conf = {**extras.get("spark_conf", {}), **(spark_conf or {})}
+        # Object storage: the credentials the engine reads the table with are the job's too.
+        self.storage_conn_id: str | None = storage_conn_id or extras.get("storage_conn_id") or None
+        self.storage = SparkStorageSettings()
+
+    # -- object storage ---------------------------------------------------------------------------
+    @functools.cached_property
+    def storage_credentials(self) -> StorageCredentials | None:
+        """The storage connection's credentials (``None`` without one: the stores' default chains)."""
+        from airflow_delta_occ.hooks.storage import storage_credentials
+
+        return storage_credentials(self.storage_conn_id) if self.storage_conn_id else None
+
+    def credentials_for(self, location: str) -> StorageCredentials | None:
+        """What the engine reads ``location``'s log with (``None`` for a local path)."""
+        from airflow_delta_occ.hooks.storage import credentials_for
+
+        return credentials_for(location, self.storage_conn_id)
+
+    def use_storage(self, *locations: str | None) -> None:
+        """Give the next job the settings (credentials, connector jars) for the stores it touches,
+        and refuse a job whose S3 commits could be lost before anything is written.
+
+        Raises:
+            UnsafeLogStoreError: the table is on S3, each job starts its own driver and no LogStore
+                coordinates drivers (see ``spark.storage.unsafe_s3_commit``), under the default
+                ``[delta_occ] unsafe_s3_commits = refuse``.
+            StorageConnectionError, UnsupportedStorageError: unusable storage settings.
+        """
+        from airflow_delta_occ.config import unsafe_s3_commits
+        from airflow_delta_occ.spark.storage import check_s3_commits, storage_settings
+
+        used = [loc for loc in locations if loc]
+        if used:
+            warning = check_s3_commits(used[0], self.mode, self.spark_conf, unsafe_s3_commits())  # type: ignore[arg-type]
+            if warning:
+                self.log.warning("%s", warning)
+        self.storage = storage_settings(used, self.storage_credentials)
+
+    def _conf_with_storage(self, base: Mapping[str, str]) -> dict[str, str]:
+        """``base`` confs, then the storage settings, then the user's; connector jars join the packages."""
+        conf = {**base, **self.storage.spark_conf(), **self.spark_conf}
+        packages = [p for value in (base.get("spark.jars.packages"), ",".join(self.storage.packages),
+                                    self.spark_conf.get("spark.jars.packages")) if value for p in value.split(",")]
+        if packages:
+            conf["spark.jars.packages"] = ",".join(dict.fromkeys(p.strip() for p in packages if p.strip()))
+        return conf
 
     # -- sessions ---------------------------------------------------------------------------------
     def get_spark(self) -> Any:
@@ -61,10 +114,17 @@ class DeltaSparkHook(BaseHook):
             if not url:
                 raise DeltaJobError("connect mode needs connect_url in the connection extras (sc://host:15002)")
             return SparkSession.builder.remote(url).create()
-        from airflow_delta_occ.spark.session import local_delta_session
+        from airflow_delta_occ.spark.session import delta_submit_conf, local_delta_session
 
-        return local_delta_session("airflow-delta-occ", master=self.extras.get("master", "local[2]"),
-                                   conf=self.spark_conf)
+        spark = local_delta_session("airflow-delta-occ", master=self.extras.get("master", "local[2]"),
+                                    conf=self._conf_with_storage(
+                                        {"spark.jars.packages": delta_submit_conf()["spark.jars.packages"]}))
+        # A session this process started earlier keeps its Hadoop settings: give it this job's too
+        # (the embedded session belongs to one task process).
+        hadoop_conf = spark.sparkContext._jsc.hadoopConfiguration()
+        for key, value in self.storage.hadoop.items():
+            hadoop_conf.set(key, value)
+        return spark
 
     @contextlib.contextmanager
     def job_session(self) -> Iterator[Any]:
@@ -81,6 +141,8 @@ class DeltaSparkHook(BaseHook):
         flag_before = os.environ.get(CONNECT_MODE_FLAG)
         spark = self.get_spark()
         try:
+            for key, value in self.storage.hadoop.items():  # session-level Hadoop settings on the server
+                spark.conf.set(key, value)
             yield spark
         finally:
             try:
@@ -113,15 +175,93 @@ class DeltaSparkHook(BaseHook):
         Every mode returns the runner's ``JobResult`` through its JSON form, and one call
         (``JobResult.raise_for_status``) decodes it: the same failure raises the same class with the
         same message whether the job ran embedded, through ``spark-submit`` or over Spark Connect.
-        """
-        if self.mode == "spark-submit":
-            result = self._submit(spec)
-        else:
-            from airflow_delta_occ.spark.runner import run_job
 
-            with self.job_session() as spark:
-                result = JobResult.from_json(run_job(spark, spec).to_json())
-        return result.raise_for_status()
+        Raises:
+            JobKilledError: ``on_kill`` stopped the job before it committed.
+        """
+        self._killed = False
+        try:
+            if self.mode == "spark-submit":
+                result = self._submit(spec)
+            else:
+                from airflow_delta_occ.spark.runner import run_job
+
+                with self.job_session() as spark, self._tracked(spark):
+                    result = JobResult.from_json(run_job(spark, spec).to_json())
+            return result.raise_for_status()
+        except Exception as exc:
+            if not self._killed:
+                raise
+            # A job that committed before the kill returned its result above; this one did not.
+            raise JobKilledError(f"the {self.mode} job on {spec.target.label} was stopped by on_kill before it "
+                                 f"committed: {type(exc).__name__}: {str(exc).strip()[:500]}") from exc
+
+    # -- stopping ---------------------------------------------------------------------------------
+    _running: RunningJob | None = None
+    _killed: bool = False
+
+    @contextlib.contextmanager
+    def _tracked(self, spark: Any) -> Iterator[None]:
+        """Tag every Spark job this thread starts for the job, so ``on_kill`` can cancel exactly those.
+
+        Embedded: a SparkContext job tag (thread-local, inherited by the runner's private session)
+        with interrupt-on-cancel, so a cancelled task stops at once instead of finishing its
+        partition. Connect: a session tag (the session is the job's own, so ``on_kill`` interrupts
+        all of its operations anyway).
+        """
+        tag = f"delta-occ-{uuid.uuid4().hex}"
+        connect = self.mode == "connect"
+        previous: str | None = None
+        if connect:
+            spark.addTag(tag)
+        else:
+            context = spark.sparkContext
+            context.addJobTag(tag)
+            previous = context.getLocalProperty(INTERRUPT_ON_CANCEL)
+            context.setInterruptOnCancel(True)
+        self._running = RunningJob(self.mode, tag, session=spark)
+        try:
+            yield
+        finally:
+            self._running = None
+            with contextlib.suppress(Exception):  # a killed session is stopped: nothing left to clear
+                if connect:
+                    spark.removeTag(tag)
+                else:
+                    spark.sparkContext.removeJobTag(tag)
+                    spark.sparkContext.setLocalProperty(INTERRUPT_ON_CANCEL, previous)
+
+    def on_kill(self) -> None:
+        """Stop the Spark work of the job ``run`` is executing (the operator calls this when its task is
+        killed); nothing happens when no job runs.
+
+        * embedded: cancel the jobs tagged for this job, then stop the session (the task process's
+          own local Spark);
+        * spark-submit: ``SparkSubmitHook.on_kill`` kills the spark-submit process (the driver in
+          client mode) and, in cluster deploy mode, the driver or application through the cluster
+          manager (standalone master, YARN, Kubernetes);
+        * Connect: interrupt every operation of the job's session on the server, then close it.
+
+        ``run`` then raises ``JobKilledError``, unless the job committed before the kill.
+        The Task SDK calls ``on_kill`` from its SIGTERM handler, in the thread that is waiting inside
+        a Spark call: the Spark calls are made from a helper thread, which has its own py4j
+        connection (reusing the waiting one would block until the job ends).
+        """
+        running = self._running
+        if running is None:
+            return
+        self._killed = True
+        if running.submit is not None:
+            self.log.info("Killing the spark-submit job %s", running.tag)
+            running.submit.on_kill()
+            return
+        stopper = threading.Thread(target=_stop_session, args=(running, self.log), name="delta-occ-on-kill",
+                                   daemon=True)
+        stopper.start()
+        stopper.join(KILL_TIMEOUT_SECONDS)
+        if stopper.is_alive():
+            self.log.warning("Spark did not confirm the %s job %s stopped within %s s", running.mode, running.tag,
+                             KILL_TIMEOUT_SECONDS)
 
     def _submit(self, spec: JobSpec) -> JobResult:
         from airflow_delta_occ.spark import runner
@@ -131,9 +271,10 @@ class DeltaSparkHook(BaseHook):
             conn_id=self.extras.get("spark_conn_id", "spark_default"),
             application=runner.__file__,
             application_args=["--spec-json", spec.to_json()],
-            conf={**delta_submit_conf(), **self.spark_conf},
+            conf=self._conf_with_storage(delta_submit_conf()),
             name=f"delta-occ-{spec.run.dag_id}.{spec.run.task_id}",
         )
+        self._running = RunningJob(self.mode, str(hook._name), submit=hook)
         try:
             hook.submit(hook.application)
         except Exception as exc:
@@ -143,10 +284,46 @@ class DeltaSparkHook(BaseHook):
             if hook.conflict is not None:  # the driver died after Delta raised a conflict
                 raise conflict_failure(hook.conflict, 0, exc) from exc
             raise
+        finally:
+            self._running = None
         final: JobResult | None = hook.result
         if final is None:
             raise DeltaJobError("spark-submit finished without the runner's result line")
         return final
+
+
+INTERRUPT_ON_CANCEL = "spark.job.interruptOnCancel"
+KILL_TIMEOUT_SECONDS = 60.0
+"""How long ``on_kill`` waits for Spark to confirm the stop (the Task SDK's SIGKILL follows anyway)."""
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    """What ``DeltaSparkHook.on_kill`` stops: the job's session and tag, or its spark-submit hook."""
+
+    mode: str
+    tag: str
+    session: Any = None
+    submit: Any = None
+
+
+def _stop_session(running: RunningJob, log: Any) -> None:
+    """Cancel the job's Spark work and stop its session; every step is tried, none raises."""
+    session = running.session
+    try:
+        if running.mode == "connect":
+            interrupted = session.interruptAll()  # the session is the job's own
+            log.info("Interrupted %d Spark Connect operation(s) of job %s", len(interrupted), running.tag)
+        else:
+            session.sparkContext.cancelJobsWithTag(running.tag)
+            log.info("Cancelled the Spark jobs tagged %s", running.tag)
+    except Exception as exc:  # the stop below still ends the work
+        log.warning("Could not cancel the Spark work of job %s: %s", running.tag, exc)
+    try:
+        session.stop()
+        log.info("Stopped the Spark session of job %s", running.tag)
+    except Exception as exc:
+        log.warning("Could not stop the Spark session of job %s: %s", running.tag, exc)
 
 
 @functools.cache
@@ -169,15 +346,18 @@ def _submit_hook_class() -> Any:
             self.result: JobResult | None = None
             self.conflict: ConflictKind | None = None
 
-        def _process_spark_submit_log(self, itr: Any) -> None:
-            lines = []
+        def _process_spark_submit_log(self, itr: Iterable[str]) -> None:
+            # Each line reaches the base hook (and the task log) as the driver prints it.
+            super()._process_spark_submit_log(self._read(itr))
+
+        def _read(self, itr: Iterable[str]) -> Iterator[str]:
+            """Pass the driver's lines through one by one, picking up the result and the first conflict."""
             for raw in itr:
                 line = raw.strip()
-                lines.append(line)
                 if line.startswith(RESULT_PREFIX):
                     self.result = JobResult.from_json(line[len(RESULT_PREFIX):])
                 elif self.conflict is None:
                     self.conflict = classify_conflict(line)
-            super()._process_spark_submit_log(iter(line + "\n" for line in lines))
+                yield raw
 
     return ResultCapturingSubmitHook

@@ -99,6 +99,10 @@ class DeltaBaseOperator(BaseOperator):
         lease on its footprint from the pool's lease store, waiting in the triggerer while a
         conflicting job holds one, and the task runs in the pool's Airflow pool unless ``pool=`` is set.
     :param lease_conn_id: the ``delta_occ_leases`` connection of the lease store.
+    :param storage_conn_id: the connection with the credentials of the table's object store (types
+        ``aws``, ``wasb``, ``adls``, ``google_cloud_platform``), used both to read the table's log
+        before Spark starts and by the Spark job; default: the ``delta_occ`` connection's
+        ``storage_conn_id`` extra, else the stores' default credential chains.
     """
 
     template_fields: Sequence[str] = ("table", "table_name", "partitions")
@@ -113,7 +117,7 @@ class DeltaBaseOperator(BaseOperator):
                  delta_conn_id: str | None = DeltaSparkHook.default_conn_name,
                  spark_conf: Mapping[str, str] | None = None, idempotent: bool = True,
                  conflict_pool: str | None = None, lease_conn_id: str = DeltaLeaseStoreHook.default_conn_name,
-                 **kwargs: Any) -> None:
+                 storage_conn_id: str | None = None, **kwargs: Any) -> None:
         # Everything that does not need the table is checked here, when the DAG file is parsed.
         if (table is None) == (table_name is None):
             raise JobSpecError(f"{type(self).__name__} needs exactly one of table= (path) or table_name=")
@@ -146,6 +150,7 @@ class DeltaBaseOperator(BaseOperator):
         self.idempotent = idempotent
         self.conflict_pool = conflict_pool
         self.lease_conn_id = lease_conn_id
+        self.storage_conn_id = storage_conn_id
         self._held_lease: tuple[str, str] | None = None  # (request id, owner) while a job runs with a lease
 
     @classmethod
@@ -166,7 +171,7 @@ class DeltaBaseOperator(BaseOperator):
     @cached_property
     def hook(self) -> DeltaSparkHook:
         """Built on first use, in the worker (never at DAG parse time)."""
-        return DeltaSparkHook(self.delta_conn_id, spark_conf=self.spark_conf)
+        return DeltaSparkHook(self.delta_conn_id, spark_conf=self.spark_conf, storage_conn_id=self.storage_conn_id)
 
     def _location(self) -> str:
         return self.table if self.table is not None else self.hook.table_location(str(self.table_name))
@@ -312,7 +317,12 @@ class DeltaBaseOperator(BaseOperator):
         return store
 
     def on_kill(self) -> None:
-        """Release the lease held by a killed task, so the next writer need not wait for its TTL."""
+        """Stop the killed task's Spark job, then release its lease, so the next writer need not wait
+        for the TTL. The job is stopped first: a writer granted the lease must not race a job that
+        could still commit."""
+        hook: DeltaSparkHook | None = self.__dict__.get("hook")  # built only once a job ran; never here
+        if hook is not None:
+            hook.on_kill()
         held, self._held_lease = self._held_lease, None
         if held is not None:
             store = self._lease_store()
@@ -332,8 +342,11 @@ class DeltaBaseOperator(BaseOperator):
         from airflow_delta_occ.jobs.footprint import footprint_of
 
         location = self._location()
-        snapshot = DeltaLog.for_table(location).snapshot()
+        snapshot = DeltaLog.for_table(location, credentials=self.hook.credentials_for(location)).snapshot()
         spec = self.build_spec(snapshot, self._run_identity(context))
+        # Before any lease or Spark: the job's storage settings, and the refusal of commits that S3
+        # could lose.
+        self.hook.use_storage(location, spec.source.path if spec.source is not None else None)
         return PreparedJob(location, snapshot, spec, footprint_of(spec, snapshot))
 
     def confirm(self, prepared: PreparedJob, result: JobResult) -> JobResult:
@@ -353,7 +366,7 @@ class DeltaBaseOperator(BaseOperator):
             # DML or OPTIMIZE that matched nothing: Delta commits nothing, which is a success.
             self.log.info("nothing matched: no new version of %s", prepared.location)
             return result
-        log = DeltaLog.for_table(prepared.location)
+        log = DeltaLog.for_table(prepared.location, credentials=self.hook.credentials_for(prepared.location))
         after = min(prepared.snapshot.version, result.version - 1)  # an earlier try may have committed it
         commit = next((c for c in log.commits_after(after, until=result.version) if c.version == result.version),
                       None)

@@ -12,19 +12,26 @@ in-job loop and the task-level ``DeltaConflictRetryPolicy`` both decide from its
 
 from __future__ import annotations
 
+import logging
 import math
-import random
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import tenacity
+from tenacity.wait import wait_base
 
 from .classify import ConflictKind, classify_conflict, conflict_failure, conflict_kind_for, conflict_skipped
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+"""Every conflict and every backoff, logged when it happens. In the task process (embedded, Connect)
+these lines reach the task log; a spark-submit driver prints them (``runner.main``) and the hook
+streams the driver's output into the task log."""
 
 
 class Action(StrEnum):
@@ -62,10 +69,18 @@ class ConflictPolicy:
         if self.multiplier < 1:
             raise ValueError(f"multiplier must be at least 1, got {self.multiplier!r}")
 
-    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
-        """Backoff before attempt ``attempt + 1`` (``attempt`` starts at 1)."""
-        base = min(self.max_delay, self.initial_delay * self.multiplier ** (attempt - 1))
-        return base + (rng or random).uniform(0, self.jitter)
+    @property
+    def wait(self) -> wait_base:
+        """Tenacity's wait for this policy: ``min(max_delay, initial_delay * multiplier ** (attempt - 1))``
+        plus a uniform jitter in ``[0, jitter]``, so the backoff is bounded by ``max_delay + jitter``."""
+        return (tenacity.wait_exponential(multiplier=self.initial_delay, max=self.max_delay, exp_base=self.multiplier)
+                + tenacity.wait_random(0, self.jitter))
+
+    def delay(self, attempt: int) -> float:
+        """Backoff before attempt ``attempt + 1`` (``attempt`` starts at 1); the task-level policy uses it too."""
+        state = tenacity.RetryCallState(cast(Any, None), None, (), {})
+        state.attempt_number = attempt
+        return float(self.wait(state))
 
 
 DEFAULT_POLICIES: Mapping[ConflictKind, ConflictPolicy] = {
@@ -162,7 +177,8 @@ class ConflictRecord:
     """One conflict seen while running a job (reported in the job's result).
 
     ``action`` is what the policy did: ``retry``, ``skip``, ``fail``, or ``gave up`` when the
-    attempts ran out; ``delay`` is the backoff before the next attempt (seconds).
+    attempts ran out; ``delay`` is the backoff before the next attempt (seconds);
+    ``winning_version`` is the concurrent commit that won, when Delta's message names it.
     """
 
     attempt: int
@@ -170,6 +186,32 @@ class ConflictRecord:
     message: str
     action: str
     delay: float = 0.0
+    winning_version: int | None = None
+
+    def describe(self, what: str, max_attempts: int) -> str:
+        """The log line for this conflict, e.g. ``ConcurrentAppendException on /lake/sales (attempt 1 of 5,
+        winning version 7): retrying in 1.25 s``."""
+        winner = f", winning version {self.winning_version}" if self.winning_version is not None else ""
+        head = f"{self.kind.value} on {what} (attempt {self.attempt} of {max_attempts}{winner})"
+        if self.action == Action.RETRY:
+            return f"{head}: retrying in {self.delay:.2f} s"
+        if self.action == Action.SKIP:
+            return f"{head}: skipped, as its policy says (the work is already done)"
+        if self.action == Action.FAIL:
+            return f"{head}: not retried, its policy is fail"
+        return f"{head}: giving up, no attempts left"
+
+
+# Delta names the winner "committed at version N" (append, delete-read, delete-delete) or in the
+# "Conflicting commit: {...}" JSON it appends (metadata, protocol, transaction, write); the engine's
+# own conflicts say "winning version N".
+_WINNER = re.compile(r"committed at version (\d+)|winning version (\d+)|Conflicting commit: \{.*?\"version\":(\d+)")
+
+
+def winning_version(message: str) -> int | None:
+    """The version of the concurrent commit a conflict message names, if it names one."""
+    match = _WINNER.search(message)
+    return int(next(g for g in match.groups() if g is not None)) if match else None
 
 
 @dataclass
@@ -180,8 +222,12 @@ class RetryOutcome:
 
 def run_with_policies(fn: Callable[[int], T], policies: Mapping[ConflictKind, ConflictPolicy], *,
                       outcome: RetryOutcome | None = None, sleep: Callable[[float], None] = time.sleep,
-                      rng: random.Random | None = None) -> T:
+                      what: str = "the table") -> T:
     """Call ``fn(attempt)`` until it succeeds, retrying only conflicts whose policy says retry.
+
+    Each conflict is recorded in ``outcome`` and logged when it happens (``what`` names the table in
+    the line): a retried one with its backoff before the sleep starts, the last one before its
+    exception is raised.
 
     Raises:
         ConflictSkipped: a conflict whose policy is skip.
@@ -190,28 +236,42 @@ def run_with_policies(fn: Callable[[int], T], policies: Mapping[ConflictKind, Co
     """
     record = outcome if outcome is not None else RetryOutcome()
 
-    def should_retry(state: tenacity.RetryCallState) -> bool:
+    def conflict(state: tenacity.RetryCallState) -> tuple[BaseException, ConflictKind, ConflictPolicy] | None:
         exc = state.outcome.exception() if state.outcome is not None else None
         kind = classify_conflict(exc)
         if exc is None or kind is None:
-            return False
-        policy = policies.get(kind, ConflictPolicy(Action.FAIL))
-        retry = policy.action is Action.RETRY and state.attempt_number < policy.max_attempts
-        delay = policy.delay(state.attempt_number, rng) if retry else 0.0
-        record.conflicts.append(ConflictRecord(state.attempt_number, kind, str(exc).strip()[:1000],
-                                               policy.action.value if retry or policy.action is not Action.RETRY
-                                               else "gave up", delay))
-        return retry
+            return None
+        return exc, kind, policies.get(kind, ConflictPolicy(Action.FAIL))
 
-    def wait(state: tenacity.RetryCallState) -> float:
-        return record.conflicts[-1].delay if record.conflicts else 0.0
+    def should_retry(state: tenacity.RetryCallState) -> bool:
+        seen = conflict(state)
+        return seen is not None and seen[2].action is Action.RETRY and state.attempt_number < seen[2].max_attempts
+
+    def wait(state: tenacity.RetryCallState) -> float:  # only called for a conflict being retried
+        seen = conflict(state)
+        return float(seen[2].wait(state)) if seen is not None else 0.0
+
+    def before_sleep(state: tenacity.RetryCallState) -> None:
+        seen = conflict(state)
+        if seen is not None and state.next_action is not None:
+            note(seen, state.attempt_number, Action.RETRY.value, state.next_action.sleep)
+
+    def note(seen: tuple[BaseException, ConflictKind, ConflictPolicy], attempt: int, action: str,
+             delay: float = 0.0) -> None:
+        exc, kind, policy = seen
+        message = str(exc).strip()
+        entry = ConflictRecord(attempt, kind, message[:1000], action, delay, winning_version(message))
+        record.conflicts.append(entry)
+        log.log(logging.INFO if action == Action.SKIP else logging.WARNING, "%s",
+                entry.describe(what, policy.max_attempts if policy.action is Action.RETRY else attempt),
+                extra={"delta_occ_conflict": entry})
 
     def attempt() -> T:
         record.attempts += 1
         return fn(record.attempts)
 
-    retrying = tenacity.Retrying(retry=should_retry, wait=wait, sleep=sleep, reraise=True,
-                                 stop=tenacity.stop_never)
+    retrying = tenacity.Retrying(retry=should_retry, wait=wait, sleep=sleep, before_sleep=before_sleep,
+                                 reraise=True, stop=tenacity.stop_never)
     try:
         return retrying(attempt)
     except BaseException as exc:
@@ -219,6 +279,8 @@ def run_with_policies(fn: Callable[[int], T], policies: Mapping[ConflictKind, Co
         if kind is None:
             raise
         policy = policies.get(kind, ConflictPolicy(Action.FAIL))
+        action = "gave up" if policy.action is Action.RETRY else policy.action.value
+        note((exc, kind, policy), record.attempts, action)
         if policy.action is Action.SKIP:
             raise conflict_skipped(kind) from exc
         raise conflict_failure(kind, record.attempts, exc) from exc

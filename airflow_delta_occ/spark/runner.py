@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import sys
 import time
@@ -232,7 +233,8 @@ def _run(spark: Any, spec: JobSpec, outcome: RetryOutcome, progress: dict[str, A
         source, progress["dropped_source_rows"] = confine_source(session, spec, source, source_view)
     try:
         run_with_policies(lambda attempt: _execute_once(session, spec, source, source_view),
-                          policies_for(spec.operation, spec.retry_policies), outcome=outcome, sleep=sleep)
+                          policies_for(spec.operation, spec.retry_policies), outcome=outcome, sleep=sleep,
+                          what=spec.target.label)
     finally:
         if source_view is not None:
             session.catalog.dropTempView(source_view)
@@ -286,6 +288,21 @@ def _forget_inherited_connect_client() -> None:
         os.environ.pop(name, None)
 
 
+def _log_to_driver_output() -> None:
+    """Print the provider's log lines (every conflict and backoff) on the driver's stdout.
+
+    spark-submit runs this module as a plain program with no logging set up, so the lines would be
+    dropped; on stdout they reach the spark-submit output, which the hook streams into the task log.
+    Only the provider's logger is configured: py4j's and pyspark's stay as Spark set them.
+    """
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    package = logging.getLogger("airflow_delta_occ")
+    package.addHandler(handler)
+    package.setLevel(logging.INFO)
+    package.propagate = False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run one airflow-delta-occ JobSpec with delta-spark")
     group = parser.add_mutually_exclusive_group(required=True)
@@ -293,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--spec-json")
     parser.add_argument("--local", action="store_true", help="start a local Delta session (tests, laptops)")
     args = parser.parse_args(argv)
+    _log_to_driver_output()
     try:
         text = args.spec_json if args.spec_json else open(args.spec_file, encoding="utf-8").read()
         spec = JobSpec.from_json(text)

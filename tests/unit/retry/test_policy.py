@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import random
 from dataclasses import replace
 
@@ -20,6 +21,7 @@ from airflow_delta_occ.retry.policy import (
     layer_overrides,
     resolve_policies,
     run_with_policies,
+    winning_version,
 )
 
 pytestmark = pytest.mark.unit
@@ -179,6 +181,100 @@ def test_platform_and_task_overrides_layer_field_by_field():
 
 def test_jitter_stays_in_bounds():
     policy = ConflictPolicy(initial_delay=1.0, multiplier=2.0, max_delay=5.0, jitter=0.5)
-    rng = random.Random(7)
-    delays = [policy.delay(n, rng) for n in range(1, 8)]
+    random.seed(7)  # tenacity's wait_random draws from the module's generator
+    delays = [policy.delay(n) for n in range(1, 8)]
     assert all(lo <= d <= lo + 0.5 for d, lo in zip(delays, [1, 2, 4, 5, 5, 5, 5], strict=True))
+    assert len({round(d - lo, 9) for d, lo in zip(delays, [1, 2, 4, 5, 5, 5, 5], strict=True)}) > 1  # jittered
+
+
+@pytest.mark.parametrize("fields", [
+    {"initial_delay": 1.0, "multiplier": 2.0, "max_delay": 60.0},
+    {"initial_delay": 0.25, "multiplier": 3.0, "max_delay": 10.0},
+    {"initial_delay": 0.5, "multiplier": 1.0, "max_delay": 0.2},
+    {"initial_delay": 0.0, "multiplier": 5.0, "max_delay": 60.0},
+    {"initial_delay": 2.0, "multiplier": 10.0, "max_delay": 0.0},
+    {"initial_delay": 1.0, "multiplier": 1e300, "max_delay": 30.0},
+])
+def test_tenacity_backoff_is_the_bounded_exponential(fields):
+    """The policy's wait (tenacity's wait_exponential + wait_random) keeps the documented formula:
+    min(max_delay, initial_delay * multiplier ** (attempt - 1)), plus jitter, never above the bound."""
+    policy = ConflictPolicy(jitter=0.0, max_attempts=100, **fields)
+    for attempt in range(1, 100):
+        try:
+            expected = min(fields["max_delay"], fields["initial_delay"] * fields["multiplier"] ** (attempt - 1))
+        except OverflowError:
+            expected = fields["max_delay"]
+        assert policy.delay(attempt) == pytest.approx(expected), attempt
+
+
+def test_every_conflict_and_backoff_is_logged_before_the_next_attempt(caplog):
+    """Each conflict is logged as it happens, with its kind, attempt, the winning version Delta names
+    and the backoff; a retried one before the sleep (so before the next attempt starts), the final one
+    before its exception is raised."""
+    events: list[str] = []
+
+    class Recorder(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            events.append(f"log:{record.getMessage()}")
+
+    def job(attempt: int) -> None:
+        events.append(f"attempt:{attempt}")
+        raise ConcurrentAppendException(
+            "[DELTA_CONCURRENT_APPEND.WITH_PARTITION_HINT] Transaction conflict detected. a concurrent MERGE added "
+            f"data to table delta.`/lake/sales` committed at version {6 + attempt}.")
+
+    recorder = Recorder()
+    policy_log = logging.getLogger("airflow_delta_occ.retry.policy")
+    policy_log.addHandler(recorder)
+    outcome = RetryOutcome()
+    policies = resolve_policies(DEFAULT_POLICIES, {"ConcurrentAppendException": {
+        "max_attempts": 3, "initial_delay": 0.5, "jitter": 0.0}})
+    try:
+        with caplog.at_level(logging.INFO, logger="airflow_delta_occ.retry.policy"), \
+                pytest.raises(ConflictFailure):
+            run_with_policies(job, policies, outcome=outcome, sleep=lambda s: events.append(f"sleep:{s}"),
+                              what="/lake/sales")
+    finally:
+        policy_log.removeHandler(recorder)
+    assert events == [
+        "attempt:1",
+        "log:ConcurrentAppendException on /lake/sales (attempt 1 of 3, winning version 7): retrying in 0.50 s",
+        "sleep:0.5",
+        "attempt:2",
+        "log:ConcurrentAppendException on /lake/sales (attempt 2 of 3, winning version 8): retrying in 1.00 s",
+        "sleep:1.0",
+        "attempt:3",
+        "log:ConcurrentAppendException on /lake/sales (attempt 3 of 3, winning version 9): giving up, no attempts left",
+    ]
+    records = [r.delta_occ_conflict for r in caplog.records]  # the typed record rides on each log line
+    assert records == list(outcome.conflicts)
+    assert [(c.attempt, c.kind, c.action, c.delay, c.winning_version) for c in records] == [
+        (1, ConflictKind.APPEND, "retry", 0.5, 7), (2, ConflictKind.APPEND, "retry", 1.0, 8),
+        (3, ConflictKind.APPEND, "gave up", 0.0, 9)]
+    assert [r.levelno for r in caplog.records] == [logging.WARNING] * 3
+
+
+def test_fail_and_skip_conflicts_are_logged_too(caplog):
+    with caplog.at_level(logging.INFO, logger="airflow_delta_occ.retry.policy"):
+        with pytest.raises(ConflictFailure):
+            run_with_policies(lambda attempt: (_ for _ in ()).throw(FakeConnectError("DELTA_PROTOCOL_CHANGED")),
+                              DEFAULT_POLICIES, sleep=lambda s: None, what="t")
+        with pytest.raises(ConflictSkipped):
+            run_with_policies(lambda attempt: (_ for _ in ()).throw(FakeConnectError("DELTA_CONCURRENT_DELETE_READ")),
+                              OPTIMIZE_POLICIES, sleep=lambda s: None, what="t")
+    assert [r.getMessage() for r in caplog.records] == [
+        "ProtocolChangedException on t (attempt 1 of 1): not retried, its policy is fail",
+        "ConcurrentDeleteReadException on t (attempt 1 of 1): skipped, as its policy says (the work is already done)"]
+    assert [r.levelno for r in caplog.records] == [logging.WARNING, logging.INFO]
+
+
+@pytest.mark.parametrize(("message", "version"), [
+    ("Transaction conflict detected. a concurrent MERGE added data to table t committed at version 12.", 12),
+    ("a concurrent DELETE deleted data from table t (committed at version 3) that this transaction read.", 3),
+    ('MetadataChangedException: ... Please try the operation again.\nConflicting commit: {"timestamp":1,'
+     '"operation":"SET TBLPROPERTIES","version":41,"isBlindAppend":true}', 41),
+    ("ConcurrentAppendException: winning version 5 (MERGE) added files", 5),
+    ("ConcurrentWriteException: A concurrent transaction has written new data.", None),
+])
+def test_winning_version_is_read_from_the_message(message, version):
+    assert winning_version(message) == version

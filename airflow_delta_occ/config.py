@@ -116,6 +116,23 @@ def enforce_pools() -> bool:
     return _flag("enforce_pools")
 
 
+UNSAFE_S3_COMMITS = ("refuse", "warn")
+
+
+def unsafe_s3_commits() -> str:
+    """``[delta_occ] unsafe_s3_commits``: what a job does when its commits to an S3 table could be lost
+    (each job starts its own driver and no multi-driver LogStore is configured): ``refuse`` (default)
+    or ``warn`` (the platform guarantees one writer per table at a time).
+
+    Raises:
+        ProviderConfigError: not ``refuse`` or ``warn``.
+    """
+    value = _get("unsafe_s3_commits", "refuse").strip().lower() or "refuse"
+    if value not in UNSAFE_S3_COMMITS:
+        raise ProviderConfigError(f"[{SECTION}] unsafe_s3_commits is {value!r}; expected refuse or warn")
+    return value
+
+
 def pool_file() -> str | None:
     """``[delta_occ] pool_file``: path of the TOML file that defines the conflict pools; None when unset."""
     return _get("pool_file", "").strip() or None

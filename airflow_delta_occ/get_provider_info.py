@@ -96,6 +96,15 @@ def get_provider_info() -> dict[str, Any]:
                                         "keeps the author's pool and logs a warning)."),
                         "version_added": "0.1.0", "type": "boolean", "example": "True", "default": "False",
                     },
+                    "unsafe_s3_commits": {
+                        "description": ("What a job does when its commits to an S3 table could be lost: each "
+                                        "embedded or spark-submit job starts its own Spark driver, and Delta's "
+                                        "default S3 LogStore keeps commits exclusive only inside one driver. "
+                                        "refuse (default): fail before anything is written, naming the fix "
+                                        "(S3DynamoDBLogStore, or one Spark Connect server); warn: run anyway, "
+                                        "for platforms that guarantee one writer per table at a time."),
+                        "version_added": "0.1.0", "type": "string", "example": "warn", "default": "refuse",
+                    },
                 },
             }
         },

@@ -152,6 +152,11 @@ class StorageError(DeltaOccError):
     """The storage layer failed (permission, network, ...)."""
 
 
+class UnsupportedStorageError(StorageError):
+    """The table's URI names a store the engine cannot read, or is malformed for its store, or the
+    credentials given are for another store."""
+
+
 class FileAlreadyExistsError(StorageError):
     """A put-if-absent write found the file already present: another writer won that version."""
 

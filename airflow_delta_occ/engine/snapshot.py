@@ -36,6 +36,7 @@ from .errors import LogCorruptError, UnsupportedProtocolError, VersionNotFoundEr
 from .expressions import and_, split_conjuncts
 from .file_state import FileKey, FileState
 from .log_segment import LOG_DIR, LogListing, build_segment, commit_file_name, list_log
+from .object_store import StorageCredentials
 from .predicates import (
     Expr,
     bind,
@@ -94,16 +95,19 @@ class Commit:
 class DeltaLog:
     """A table's transaction log, at a path or URI (``/data/t``, ``file:///data/t``, ``s3://b/t``)."""
 
-    def __init__(self, table_uri: str, storage: Storage | None = None) -> None:
+    def __init__(self, table_uri: str, storage: Storage | None = None, *,
+                 credentials: StorageCredentials | None = None) -> None:
         self.table_uri = table_uri
         if storage is None:
-            self.storage, self.table_root = resolve_table(table_uri)
+            self.storage, self.table_root = resolve_table(table_uri, credentials)
         else:
             self.storage, self.table_root = storage, table_uri.rstrip("/")
 
     @classmethod
-    def for_table(cls, table_uri: str, storage: Storage | None = None) -> DeltaLog:
-        return cls(table_uri, storage)
+    def for_table(cls, table_uri: str, storage: Storage | None = None, *,
+                  credentials: StorageCredentials | None = None) -> DeltaLog:
+        """The log of the table at ``table_uri``; ``credentials`` open an object store (``s3a://`` ...)."""
+        return cls(table_uri, storage, credentials=credentials)
 
     @property
     def log_path(self) -> str:

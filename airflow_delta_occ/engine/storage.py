@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import IO, Protocol
 from urllib.parse import unquote, urlparse
 
-from .errors import FileAlreadyExistsError, StorageError
+from .errors import FileAlreadyExistsError, StorageError, UnsupportedStorageError
+from .object_store import StorageCredentials, open_filesystem, parse_table_uri
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,13 +151,21 @@ class PyArrowStorage:
         return "/".join(p.rstrip("/") for p in parts)
 
 
-def resolve_table(table_uri: str) -> tuple[Storage, str]:
-    """Storage and root path for a table given as a local path, ``file:`` URI or remote URI."""
+def resolve_table(table_uri: str, credentials: StorageCredentials | None = None) -> tuple[Storage, str]:
+    """Storage and root path for a table given as a local path, ``file:`` URI or object-store URI.
+
+    Object stores are named as Spark users write them (``s3a://``, ``s3://``, ``abfss://``,
+    ``gs://``, ``hdfs://``; see ``object_store``); ``credentials`` are used for them when given.
+
+    Raises:
+        UnsupportedStorageError: an unknown scheme, or credentials for another store.
+        StorageError: the store cannot be opened.
+    """
     parsed = urlparse(table_uri)
     if parsed.scheme in ("", "file") or (len(parsed.scheme) == 1 and os.name == "nt"):
+        if credentials is not None:
+            raise UnsupportedStorageError(f"{table_uri} is a local path; storage credentials apply to object stores")
         local = unquote(parsed.path) if parsed.scheme == "file" else table_uri
         return LocalStorage(), os.path.abspath(local)
-    import pyarrow.fs as pafs
-
-    filesystem, root = pafs.FileSystem.from_uri(table_uri)
-    return PyArrowStorage(filesystem), root.rstrip("/")
+    location = parse_table_uri(table_uri)
+    return PyArrowStorage(open_filesystem(location, credentials)), location.root

@@ -99,6 +99,12 @@ class _Spark:
         self.store, self.seconds = store, seconds
         self.holders_during: list[str] = []
 
+    def credentials_for(self, location: str) -> None:  # local tables: no storage credentials
+        return None
+
+    def use_storage(self, *locations: str | None) -> None:
+        pass
+
     def run(self, spec: Any) -> JobResult:
         self.holders_during = [r.owner for r in self.store.holders()]
         time.sleep(self.seconds)

@@ -1,0 +1,220 @@
+"""Tables on object storage: the URI schemes Spark users write, and the credentials to read them.
+
+Spark names a store by its Hadoop connector (``s3a://``, ``abfss://``, ``gs://``, ``hdfs://``);
+pyarrow, which the engine reads the log with, names them differently (``s3``, ``abfs``, ``gs``,
+``hdfs``) and does not know ``s3a`` at all. ``parse_table_uri`` maps one to the other, and
+``open_filesystem`` builds the pyarrow filesystem with explicit credentials, so the engine reads
+the same table the Spark job writes, with the settings the job gets (see ``spark/storage.py`` for
+the Spark side of the same settings).
+
+Credentials are typed per store and never printed: secret fields are left out of ``repr``.
+``None`` fields fall back to the store's own default chain (environment variables, instance
+metadata, Application Default Credentials), as pyarrow and Hadoop do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC
+from enum import StrEnum
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from .errors import StorageError, UnsupportedStorageError
+
+
+class StoreKind(StrEnum):
+    """The object stores the engine reads; each member's value is the name pyarrow uses."""
+
+    S3 = "s3"
+    AZURE = "abfs"
+    GCS = "gs"
+    HDFS = "hdfs"
+
+
+# Hadoop connector schemes -> the store behind them.
+SCHEMES: dict[str, StoreKind] = {
+    "s3": StoreKind.S3, "s3a": StoreKind.S3, "s3n": StoreKind.S3,
+    "abfs": StoreKind.AZURE, "abfss": StoreKind.AZURE,
+    "gs": StoreKind.GCS, "gcs": StoreKind.GCS,
+    "hdfs": StoreKind.HDFS, "viewfs": StoreKind.HDFS,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class S3Credentials:
+    """An S3 API: AWS, or a compatible server (MinIO, Ceph, moto) through ``endpoint``.
+
+    ``endpoint`` is a URL (``http://127.0.0.1:9000``); its scheme decides TLS. ``path_style``
+    addresses buckets as ``endpoint/bucket`` (what most compatible servers need).
+    """
+
+    access_key: str | None = None
+    secret_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
+    region: str | None = None
+    endpoint: str | None = None
+    path_style: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.access_key is None) != (self.secret_key is None):
+            raise UnsupportedStorageError("S3 credentials need both an access key and a secret key, or neither")
+        if self.session_token is not None and self.access_key is None:
+            raise UnsupportedStorageError("an S3 session token needs the access key and secret key it belongs to")
+        if self.endpoint is not None:
+            parsed = urlparse(self.endpoint)
+            if parsed.scheme not in ("http", "https") or not parsed.netloc:
+                raise UnsupportedStorageError(
+                    f"the S3 endpoint must be an http(s) URL such as http://127.0.0.1:9000, got {self.endpoint!r}")
+
+    @property
+    def kind(self) -> StoreKind:
+        return StoreKind.S3
+
+
+@dataclass(frozen=True, slots=True)
+class AzureCredentials:
+    """ADLS Gen2 (``abfss://container@account.dfs.core.windows.net/path``): an account key, a SAS
+    token, or a service principal (``tenant_id``, ``client_id``, ``client_secret``)."""
+
+    account_name: str | None = None
+    account_key: str | None = field(default=None, repr=False)
+    sas_token: str | None = field(default=None, repr=False)
+    tenant_id: str | None = None
+    client_id: str | None = None
+    client_secret: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        principal = (self.tenant_id, self.client_id, self.client_secret)
+        if any(v is not None for v in principal) and not all(v is not None for v in principal):
+            raise UnsupportedStorageError("an Azure service principal needs tenant_id, client_id and client_secret")
+
+    @property
+    def kind(self) -> StoreKind:
+        return StoreKind.AZURE
+
+
+@dataclass(frozen=True, slots=True)
+class GcsCredentials:
+    """Google Cloud Storage: an OAuth ``access_token`` (minted by the Airflow side from a key file),
+    or Application Default Credentials when it is ``None``. ``keyfile_path`` is for Spark's GCS
+    connector only; the engine does not read key files itself."""
+
+    access_token: str | None = field(default=None, repr=False)
+    project_id: str | None = None
+    keyfile_path: str | None = None
+    endpoint: str | None = None
+
+    @property
+    def kind(self) -> StoreKind:
+        return StoreKind.GCS
+
+
+StorageCredentials = S3Credentials | AzureCredentials | GcsCredentials
+
+
+@dataclass(frozen=True, slots=True)
+class TableLocation:
+    """A table URI taken apart: the store, its scheme as written, the account or host, the root path
+    inside the store (``bucket/key`` for S3 and GCS, ``container/path`` for Azure)."""
+
+    uri: str
+    kind: StoreKind
+    scheme: str
+    authority: str
+    root: str
+
+
+def store_scheme(table_uri: str) -> str | None:
+    """The URI's scheme in lower case when it names an object store the engine knows, else ``None``
+    (a local path, a ``file:`` URI, or an unknown scheme)."""
+    scheme = urlparse(table_uri).scheme.lower()
+    return scheme if scheme in SCHEMES else None
+
+
+def parse_table_uri(table_uri: str) -> TableLocation:
+    """Split an object-store URI into the parts pyarrow needs.
+
+    Raises:
+        UnsupportedStorageError: an unknown scheme, or a URI without a bucket, container or account.
+    """
+    parsed = urlparse(table_uri)
+    scheme = parsed.scheme.lower()
+    kind = SCHEMES.get(scheme)
+    if kind is None:
+        known = ", ".join(f"{s}://" for s in SCHEMES)
+        raise UnsupportedStorageError(f"cannot read {table_uri!r}: the scheme {scheme!r} is not supported "
+                                      f"(use a local path, file://, or one of {known})")
+    path = unquote(parsed.path).strip("/")
+    if kind is StoreKind.AZURE:
+        container, _, host = parsed.netloc.partition("@")
+        account = host.split(".", 1)[0]
+        if not container or not account:
+            raise UnsupportedStorageError(f"cannot read {table_uri!r}: an {scheme}:// URI names "
+                                          "container@account.dfs.core.windows.net")
+        root = "/".join(p for p in (container, path) if p)
+        return TableLocation(table_uri, kind, scheme, account, root)
+    if kind is StoreKind.HDFS:
+        return TableLocation(table_uri, kind, scheme, parsed.netloc, "/" + path)
+    if not parsed.netloc:
+        raise UnsupportedStorageError(f"cannot read {table_uri!r}: the URI names no bucket")
+    return TableLocation(table_uri, kind, scheme, parsed.netloc, "/".join(p for p in (parsed.netloc, path) if p))
+
+
+def open_filesystem(location: TableLocation, credentials: StorageCredentials | None = None) -> Any:
+    """A ``pyarrow.fs.FileSystem`` for the location's store, with explicit credentials when given.
+
+    Raises:
+        UnsupportedStorageError: credentials for another store than the URI's, or an Azure account
+            that differs from the URI's.
+        StorageError: pyarrow cannot open the store (for HDFS: no ``libhdfs``/``CLASSPATH`` here).
+    """
+    import pyarrow.fs as pafs
+
+    if credentials is not None and credentials.kind is not location.kind:
+        raise UnsupportedStorageError(f"{location.uri} is on {location.kind.name} but the storage credentials are "
+                                      f"for {credentials.kind.name}")
+    try:
+        if location.kind is StoreKind.S3:
+            return _s3(pafs, credentials if isinstance(credentials, S3Credentials) else S3Credentials())
+        if location.kind is StoreKind.AZURE:
+            return _azure(pafs, location, credentials if isinstance(credentials, AzureCredentials)
+                          else AzureCredentials())
+        if location.kind is StoreKind.GCS:
+            return _gcs(pafs, credentials if isinstance(credentials, GcsCredentials) else GcsCredentials())
+        host, _, port = location.authority.partition(":")
+        return pafs.HadoopFileSystem(host or "default", int(port) if port else 0)
+    except (OSError, RuntimeError, ValueError) as exc:  # pyarrow's ArrowException types derive from these
+        raise StorageError(f"cannot open {location.kind.name} for {location.uri}: {exc}") from exc
+
+
+def _s3(pafs: Any, creds: S3Credentials) -> Any:
+    endpoint = urlparse(creds.endpoint) if creds.endpoint else None
+    return pafs.S3FileSystem(
+        access_key=creds.access_key, secret_key=creds.secret_key, session_token=creds.session_token,
+        region=creds.region, endpoint_override=endpoint.netloc if endpoint else None,
+        scheme=endpoint.scheme if endpoint else None, force_virtual_addressing=not creds.path_style and not endpoint)
+
+
+def _azure(pafs: Any, location: TableLocation, creds: AzureCredentials) -> Any:
+    if creds.account_name is not None and creds.account_name != location.authority:
+        raise UnsupportedStorageError(f"{location.uri} is in account {location.authority!r} but the credentials are "
+                                      f"for account {creds.account_name!r}")
+    scheme = "http" if location.scheme == "abfs" else "https"
+    return pafs.AzureFileSystem(location.authority, account_key=creds.account_key, sas_token=creds.sas_token,
+                                tenant_id=creds.tenant_id, client_id=creds.client_id,
+                                client_secret=creds.client_secret, dfs_storage_scheme=scheme)
+
+
+def _gcs(pafs: Any, creds: GcsCredentials) -> Any:
+    endpoint = urlparse(creds.endpoint) if creds.endpoint else None
+    kwargs: dict[str, Any] = {"project_id": creds.project_id}
+    if creds.access_token is not None:
+        from datetime import datetime, timedelta
+
+        # pyarrow needs an expiry with a token; a token minted for a task outlives the log read.
+        kwargs.update(access_token=creds.access_token,
+                      credential_token_expiration=datetime.now(UTC) + timedelta(minutes=55))
+    if endpoint is not None:
+        kwargs.update(endpoint_override=endpoint.netloc, scheme=endpoint.scheme)
+    return pafs.GcsFileSystem(**kwargs)

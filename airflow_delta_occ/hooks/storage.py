@@ -1,0 +1,136 @@
+"""Storage credentials from an Airflow connection: the connection types platform teams already keep.
+
+A table on object storage is read twice: by the engine, before Spark starts (typing partitions,
+planning footprints), and by the Spark job. Both take their credentials from one connection, named
+by ``storage_conn_id=`` on the operator or sensor, or by the ``storage_conn_id`` extra of the
+``delta_occ`` connection. The usual types are read as their own providers define them, without
+needing those providers installed:
+
+* ``aws``: login = access key id, password = secret access key; extras ``aws_session_token``,
+  ``region_name``, ``endpoint_url`` (or ``service_config.s3.endpoint_url``) and
+  ``config_kwargs.s3.addressing_style`` (``path`` for most S3-compatible servers; path style is
+  the default when an endpoint is set).
+* ``wasb``: login = account name and password = account key, or extra ``sas_token``; with extra
+  ``tenant_id``, a service principal (login = client id, password = client secret, host = account).
+* ``adls``: host = account name; password = account key, or a service principal with ``tenant_id``
+  (login = client id, password = client secret).
+* ``google_cloud_platform``: extras ``key_path`` (a service-account key file for Spark's GCS
+  connector) and ``project``; the engine reads GCS with Application Default Credentials.
+
+Without a connection the stores' own default chains apply (``AWS_*`` variables, instance roles).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from airflow_delta_occ.engine.errors import UnsupportedStorageError
+from airflow_delta_occ.engine.object_store import (
+    SCHEMES,
+    AzureCredentials,
+    GcsCredentials,
+    S3Credentials,
+    StorageCredentials,
+    store_scheme,
+)
+from airflow_delta_occ.exceptions import StorageConnectionError
+
+STORAGE_CONN_TYPES = ("aws", "wasb", "adls", "google_cloud_platform")
+
+
+def credentials_for(location: str, conn_id: str | None) -> StorageCredentials | None:
+    """The credentials the engine reads ``location`` with: the connection's when the location is on
+    an object store of the connection's kind, else ``None`` (local paths, or the store's defaults).
+
+    Raises:
+        StorageConnectionError: the connection cannot be used.
+    """
+    if conn_id is None:
+        return None
+    scheme = store_scheme(location)
+    if scheme is None:
+        return None
+    credentials = storage_credentials(conn_id)
+    return credentials if credentials.kind is SCHEMES[scheme] else None
+
+
+def storage_credentials(conn_id: str) -> StorageCredentials:
+    """The typed credentials a storage connection holds.
+
+    Raises:
+        StorageConnectionError: no such connection, a type the provider cannot use, or settings it
+            cannot apply (for example an assumed role, which the S3A connector needs more for).
+    """
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException as exc:
+        raise StorageConnectionError(f"storage connection {conn_id!r} does not exist") from exc
+    extra = dict(conn.extra_dejson or {})
+    try:
+        return credentials_from_fields(conn.conn_type or "", login=conn.login, password=conn.password,
+                                       host=conn.host, extra=extra)
+    except (UnsupportedStorageError, StorageConnectionError) as exc:
+        raise StorageConnectionError(f"storage connection {conn_id!r}: {exc}") from exc
+
+
+def credentials_from_fields(conn_type: str, *, login: str | None, password: str | None, host: str | None,
+                            extra: Mapping[str, Any]) -> StorageCredentials:
+    """Credentials from a connection's fields (kept apart from the lookup so it is testable alone)."""
+    if conn_type == "aws":
+        return _aws(login, password, extra)
+    if conn_type in ("wasb", "adls"):
+        return _azure(conn_type, login, password, host, extra)
+    if conn_type in ("google_cloud_platform", "gcpbigquery"):
+        return GcsCredentials(keyfile_path=_text(extra, "key_path", "extra__google_cloud_platform__key_path"),
+                              project_id=_text(extra, "project", "extra__google_cloud_platform__project"))
+    raise StorageConnectionError(f"connection type {conn_type!r} holds no storage credentials the provider can use; "
+                                 f"use one of {', '.join(STORAGE_CONN_TYPES)}")
+
+
+def _text(extra: Mapping[str, Any], *keys: str) -> str | None:
+    for key in keys:
+        value = extra.get(key)
+        if value not in (None, ""):
+            if not isinstance(value, str):
+                raise StorageConnectionError(f"extra {key!r} must be text, got {type(value).__name__}")
+            return value
+    return None
+
+
+def _aws(login: str | None, password: str | None, extra: Mapping[str, Any]) -> S3Credentials:
+    for unsupported in ("role_arn", "assume_role_method", "profile_name"):
+        if extra.get(unsupported):
+            raise StorageConnectionError(f"extra {unsupported!r} is not supported for Delta tables; give access keys, "
+                                         "or leave them out to use the workers' and the cluster's default chain")
+    endpoint = _text(extra, "endpoint_url") or _text(_nested(extra, "service_config", "s3"), "endpoint_url")
+    style = _text(_nested(extra, "config_kwargs", "s3"), "addressing_style")
+    if style not in (None, "path", "virtual", "auto"):
+        raise StorageConnectionError(f"config_kwargs.s3.addressing_style must be path, virtual or auto, got {style!r}")
+    return S3Credentials(access_key=login or None, secret_key=password or None,
+                         session_token=_text(extra, "aws_session_token"),
+                         region=_text(extra, "region_name", "region"), endpoint=endpoint,
+                         path_style=style == "path" or (style is None and endpoint is not None))
+
+
+def _nested(extra: Mapping[str, Any], *keys: str) -> Mapping[str, Any]:
+    value: Any = extra
+    for key in keys:
+        value = value.get(key) if isinstance(value, Mapping) else None
+    return value if isinstance(value, Mapping) else {}
+
+
+def _azure(conn_type: str, login: str | None, password: str | None, host: str | None,
+           extra: Mapping[str, Any]) -> AzureCredentials:
+    tenant = _text(extra, "tenant_id", f"extra__{conn_type}__tenant_id")
+    account = (host or None) if conn_type == "adls" or tenant else (login or None)
+    if account is not None and "." in account:  # a host such as account.dfs.core.windows.net
+        account = account.split("//")[-1].split(".", 1)[0]
+    if tenant is not None:
+        return AzureCredentials(account_name=account, tenant_id=tenant, client_id=login or None,
+                                client_secret=password or None)
+    sas = _text(extra, "sas_token", f"extra__{conn_type}__sas_token")
+    return AzureCredentials(account_name=account, account_key=None if sas else (password or None), sas_token=sas)

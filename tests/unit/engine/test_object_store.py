@@ -1,0 +1,119 @@
+"""Object-store URIs as Spark users write them, and the pyarrow filesystems the engine opens for them."""
+
+from __future__ import annotations
+
+import pyarrow.fs as pafs
+import pytest
+
+from airflow_delta_occ.engine import (
+    AzureCredentials,
+    DeltaLog,
+    GcsCredentials,
+    S3Credentials,
+    StoreKind,
+    UnsupportedStorageError,
+    parse_table_uri,
+    store_scheme,
+)
+from airflow_delta_occ.engine.object_store import open_filesystem
+from airflow_delta_occ.engine.storage import LocalStorage, PyArrowStorage, resolve_table
+
+
+@pytest.mark.parametrize(("uri", "kind", "authority", "root"), [
+    ("s3a://lake/sales", StoreKind.S3, "lake", "lake/sales"),
+    ("s3://lake/db/sales/", StoreKind.S3, "lake", "lake/db/sales"),
+    ("s3n://lake/sales", StoreKind.S3, "lake", "lake/sales"),
+    ("S3A://lake/a%20b", StoreKind.S3, "lake", "lake/a b"),
+    ("abfss://data@acct.dfs.core.windows.net/sales", StoreKind.AZURE, "acct", "data/sales"),
+    ("abfs://data@acct.dfs.core.windows.net/", StoreKind.AZURE, "acct", "data"),
+    ("gs://bucket/sales", StoreKind.GCS, "bucket", "bucket/sales"),
+    ("hdfs://namenode:8020/warehouse/sales", StoreKind.HDFS, "namenode:8020", "/warehouse/sales"),
+])
+def test_uris_map_to_their_store(uri: str, kind: StoreKind, authority: str, root: str) -> None:
+    location = parse_table_uri(uri)
+    assert (location.kind, location.authority, location.root) == (kind, authority, root)
+    assert store_scheme(uri) == uri.split(":")[0].lower()
+
+
+@pytest.mark.parametrize("uri", ["/lake/sales", "file:///lake/sales", "sales", "ftp://host/sales", "C:/x"])
+def test_local_and_unknown_schemes_are_not_stores(uri: str) -> None:
+    assert store_scheme(uri) is None
+
+
+@pytest.mark.parametrize(("uri", "message"), [
+    ("ftp://host/sales", "scheme 'ftp' is not supported"),
+    ("s3a:///sales", "names no bucket"),
+    ("abfss://acct.dfs.core.windows.net/sales", "container@account"),
+    ("gs:///x", "names no bucket"),
+])
+def test_malformed_or_unknown_uris_are_refused(uri: str, message: str) -> None:
+    with pytest.raises(UnsupportedStorageError, match=message):
+        parse_table_uri(uri)
+
+
+def test_unknown_scheme_is_refused_before_anything_is_read() -> None:
+    with pytest.raises(UnsupportedStorageError, match="s3a://"):
+        DeltaLog.for_table("ftp://host/sales")
+
+
+def test_s3a_opens_an_s3_filesystem_with_the_endpoint_and_keys() -> None:
+    storage, root = resolve_table("s3a://lake/sales", S3Credentials(
+        access_key="AKIA", secret_key="SECRET", region="eu-west-1", endpoint="http://127.0.0.1:9000",
+        path_style=True))
+    assert isinstance(storage, PyArrowStorage) and root == "lake/sales"
+    fs = storage._fs
+    assert isinstance(fs, pafs.S3FileSystem)
+    assert fs.region == "eu-west-1"
+    # pyarrow keeps the endpoint in its pickled form; the secret never shows in repr.
+    assert "127.0.0.1:9000" in repr(fs.__reduce__())
+
+
+def test_secrets_are_not_in_repr() -> None:
+    text = repr(S3Credentials(access_key="AKIA", secret_key="SECRET", session_token="TOKEN"))
+    text += repr(AzureCredentials(account_name="a", account_key="KEY")) + repr(GcsCredentials(access_token="TOK"))
+    for secret in ("SECRET", "TOKEN", "KEY", "TOK'"):
+        assert secret not in text
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"access_key": "a"}, "both an access key and a secret key"),
+    ({"secret_key": "s"}, "both an access key and a secret key"),
+    ({"session_token": "t"}, "session token needs"),
+    ({"endpoint": "127.0.0.1:9000"}, "http\\(s\\) URL"),
+    ({"endpoint": "ftp://x"}, "http\\(s\\) URL"),
+])
+def test_incomplete_s3_credentials_are_refused(kwargs: dict[str, str], message: str) -> None:
+    with pytest.raises(UnsupportedStorageError, match=message):
+        S3Credentials(**kwargs)
+
+
+def test_half_a_service_principal_is_refused() -> None:
+    with pytest.raises(UnsupportedStorageError, match="tenant_id, client_id and client_secret"):
+        AzureCredentials(account_name="a", client_id="c")
+
+
+def test_credentials_for_another_store_are_refused() -> None:
+    with pytest.raises(UnsupportedStorageError, match="on S3 but the storage credentials are for AZURE"):
+        open_filesystem(parse_table_uri("s3a://lake/t"), AzureCredentials(account_name="a", account_key="k"))
+    with pytest.raises(UnsupportedStorageError, match="local path"):
+        resolve_table("/lake/t", S3Credentials())
+
+
+def test_azure_account_must_match_the_uri() -> None:
+    with pytest.raises(UnsupportedStorageError, match="account 'acct' but the credentials are for account 'other'"):
+        open_filesystem(parse_table_uri("abfss://data@acct.dfs.core.windows.net/t"),
+                        AzureCredentials(account_name="other", account_key="a2V5"))
+
+
+def test_azure_and_gcs_filesystems_are_built() -> None:
+    fs = open_filesystem(parse_table_uri("abfss://data@acct.dfs.core.windows.net/t"),
+                         AzureCredentials(account_key="a2V5"))
+    assert isinstance(fs, pafs.AzureFileSystem)
+    fs = open_filesystem(parse_table_uri("gs://bucket/t"), GcsCredentials(access_token="tok", project_id="p",
+                                                                          endpoint="http://127.0.0.1:4443"))
+    assert isinstance(fs, pafs.GcsFileSystem)
+
+
+def test_local_paths_keep_the_fast_local_storage(tmp_path: object) -> None:
+    storage, root = resolve_table(f"file://{tmp_path}")
+    assert isinstance(storage, LocalStorage) and root == str(tmp_path)

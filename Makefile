@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-unit test-spark test-airflow test-postgres lint typecheck bench demo clean
+.PHONY: setup test test-unit test-spark test-airflow test-postgres test-s3 lint typecheck bench demo clean
 
 setup: $(STAMP)
 
@@ -14,9 +14,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 ## Every tier: unit, spark (real local Spark + delta-spark), airflow (the Airflow CLI running example DAGs),
-## then lint and types.
+## postgres, then s3 (its own process: its Spark session carries the S3 connector), then lint and types.
 test: setup
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests -m "not s3"
+	$(PY) -m pytest tests -m s3
 	$(MAKE) lint typecheck
 
 test-unit: setup
@@ -30,6 +31,9 @@ test-airflow: setup
 
 test-postgres: setup
 	$(PY) -m pytest tests -m postgres
+
+test-s3: setup
+	$(PY) -m pytest tests -m s3
 
 lint: setup
 	$(VENV)/bin/ruff check airflow_delta_occ tests benchmarks dags_examples

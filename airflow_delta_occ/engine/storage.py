@@ -14,8 +14,10 @@ Invariants every implementation keeps:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Protocol
 from urllib.parse import unquote, urlparse
@@ -116,11 +118,13 @@ class PyArrowStorage:
         import pyarrow.fs as pafs
 
         fs: pafs.FileSystem = self._fs
-        info = fs.get_file_info(path)
-        if info.type == pafs.FileType.NotFound:
-            raise FileNotFoundError(path)
+        with _store_errors("list", path):
+            info = fs.get_file_info(path)
+            if info.type == pafs.FileType.NotFound:
+                raise FileNotFoundError(path)
+            infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=False))
         entries = []
-        for fi in fs.get_file_info(pafs.FileSelector(path, allow_not_found=False)):
+        for fi in infos:
             if fi.type == pafs.FileType.File:
                 mtime = int(fi.mtime_ns // 1_000_000) if fi.mtime_ns is not None else 0
                 entries.append(FileMeta(fi.path, fi.base_name, int(fi.size or 0), mtime))
@@ -128,17 +132,19 @@ class PyArrowStorage:
         return entries
 
     def read_bytes(self, path: str) -> bytes:
-        with self.open_input(path) as fh:
+        with self.open_input(path) as fh, _store_errors("read", path):
             return fh.read()
 
     def open_input(self, path: str) -> IO[bytes]:
-        stream: IO[bytes] = self._fs.open_input_file(path)  # type: ignore[attr-defined]
+        with _store_errors("open", path):
+            stream: IO[bytes] = self._fs.open_input_file(path)  # type: ignore[attr-defined]
         return stream
 
     def exists(self, path: str) -> bool:
         import pyarrow.fs as pafs
 
-        info = self._fs.get_file_info(path)  # type: ignore[attr-defined]
+        with _store_errors("look up", path):
+            info = self._fs.get_file_info(path)  # type: ignore[attr-defined]
         return bool(info.type != pafs.FileType.NotFound)
 
     def put_if_absent(self, path: str, data: bytes) -> None:
@@ -149,6 +155,18 @@ class PyArrowStorage:
 
     def join(self, *parts: str) -> str:
         return "/".join(p.rstrip("/") for p in parts)
+
+
+@contextlib.contextmanager
+def _store_errors(action: str, path: str) -> Iterator[None]:
+    """A store that refuses or cannot be reached is a ``StorageError`` naming the path; a missing
+    file stays ``FileNotFoundError``, which the log reader turns into its own answers."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise
+    except OSError as exc:  # pyarrow reports network, permission and service errors as OSError
+        raise StorageError(f"cannot {action} {path}: {exc}") from exc
 
 
 def resolve_table(table_uri: str, credentials: StorageCredentials | None = None) -> tuple[Storage, str]:

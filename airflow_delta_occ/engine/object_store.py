@@ -36,9 +36,13 @@ class StoreKind(StrEnum):
 SCHEMES: dict[str, StoreKind] = {
     "s3": StoreKind.S3, "s3a": StoreKind.S3, "s3n": StoreKind.S3,
     "abfs": StoreKind.AZURE, "abfss": StoreKind.AZURE,
-    "gs": StoreKind.GCS, "gcs": StoreKind.GCS,
-    "hdfs": StoreKind.HDFS, "viewfs": StoreKind.HDFS,
+    "gs": StoreKind.GCS,
+    "hdfs": StoreKind.HDFS,
 }
+# One spelling per store, for matching tables (pools): s3a://b/t and s3://b/t are one table, and so
+# are abfs:// (no TLS) and abfss:// of one container.
+CANONICAL_SCHEMES: dict[StoreKind, str] = {StoreKind.S3: "s3", StoreKind.AZURE: "abfss", StoreKind.GCS: "gs",
+                                           StoreKind.HDFS: "hdfs"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Literal
 
+from airflow_delta_occ.engine.object_store import CANONICAL_SCHEMES, SCHEMES
 from airflow_delta_occ.exceptions import PoolConfigError
 
 if TYPE_CHECKING:
@@ -50,7 +51,8 @@ _POOL_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smh])\s*", re.IGNORECASE)
 _UNIT_SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):(.*)", re.DOTALL)  # two letters at least: never a drive letter
-_SCHEME_ALIASES = {"s3a": "s3", "s3n": "s3"}  # Hadoop's S3 connectors: one bucket, one pattern
+# Hadoop's connectors for one store name one table: s3a/s3n as s3, abfs as abfss (the engine's spelling).
+_SCHEME_ALIASES = {scheme: CANONICAL_SCHEMES[kind] for scheme, kind in SCHEMES.items()}
 _NOT_IN_NAME_PART = frozenset(".`/:")
 
 TableKind = Literal["location", "catalog"]
@@ -61,7 +63,7 @@ TableKind = Literal["location", "catalog"]
 def normalize_table(table: str) -> str:
     """The one spelling of a table location or catalog name that patterns are matched against.
 
-    Locations: the scheme lower-cased, ``s3a``/``s3n`` as ``s3``, duplicate and trailing slashes
+    Locations: the scheme lower-cased, ``s3a``/``s3n`` as ``s3``, ``abfs`` as ``abfss``, duplicate and trailing slashes
     removed; a local path or ``file:`` URI becomes ``file:///abs/path`` with ``.`` and ``..``
     resolved lexically (the filesystem is never read: the scheduler may not see the writer's disks).
     Catalog names: backticks around parts removed, lower-cased (Spark catalogs ignore case).

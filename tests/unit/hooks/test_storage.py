@@ -140,7 +140,7 @@ def test_s3_commits_that_could_be_lost_are_named(uri: str, mode: str, conf: dict
 
 
 def test_unsafe_s3_commits_are_refused_or_warned() -> None:
-    with pytest.raises(UnsafeLogStoreError, match="S3DynamoDBLogStore.*nothing was written"):
+    with pytest.raises(UnsafeLogStoreError, match=r"S3DynamoDBLogStore.*nothing was written"):
         check_s3_commits("s3a://lake/t", "embedded", {}, "refuse")
     assert "one commit would be lost" in str(check_s3_commits("s3a://lake/t", "embedded", {}, "warn"))
 

@@ -179,6 +179,8 @@ def test_bad_durations(value):
     ("S3A://lake/sales/", "s3://lake/sales"),
     ("s3://lake//sales///2024//", "s3://lake/sales/2024"),
     ("abfss://c@acct.dfs.core.windows.net/t/", "abfss://c@acct.dfs.core.windows.net/t"),
+    # abfs:// is the same container without TLS: one table, one pool, one set of leases.
+    ("abfs://c@acct.dfs.core.windows.net/t", "abfss://c@acct.dfs.core.windows.net/t"),
     ("gs://bucket/t", "gs://bucket/t"),
     ("hdfs://nn:8020/warehouse/t/", "hdfs://nn:8020/warehouse/t"),
     ("/data/sales", "file:///data/sales"),

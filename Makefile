@@ -16,8 +16,8 @@ $(STAMP): pyproject.toml
 ## Every tier: unit, spark (real local Spark + delta-spark), airflow (the Airflow CLI running example DAGs),
 ## postgres, then s3 (its own process: its Spark session carries the S3 connector), then lint and types.
 test: setup
-	$(PY) -m pytest tests -m "not s3"
-	$(PY) -m pytest tests -m s3
+	$(PY) -m pytest tests -m "not s3" --durations=25
+	$(PY) -m pytest tests -m s3 --durations=5
 	$(MAKE) lint typecheck
 
 test-unit: setup
@@ -33,7 +33,7 @@ test-postgres: setup
 	$(PY) -m pytest tests -m postgres
 
 test-s3: setup
-	$(PY) -m pytest tests -m s3
+	$(PY) -m pytest tests -m s3 --durations=5
 
 lint: setup
 	$(VENV)/bin/ruff check airflow_delta_occ tests benchmarks dags_examples

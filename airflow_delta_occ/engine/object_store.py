@@ -150,6 +150,11 @@ def parse_table_uri(table_uri: str) -> TableLocation:
         raise UnsupportedStorageError(f"cannot read {table_uri!r}: the scheme {scheme!r} is not supported "
                                       f"(use a local path, file://, or one of {known})")
     path = unquote(parsed.path).strip("/")
+    if any(part in (".", "..") for part in path.split("/")):
+        # Hadoop's Path resolves these and the object store does not: Spark would write one table
+        # while the engine (and a conflict pool) looked at another name.
+        raise UnsupportedStorageError(f"cannot read {table_uri!r}: '.' and '..' segments are ambiguous on object "
+                                      "stores; give the table's own path")
     if kind is StoreKind.AZURE:
         container, _, host = parsed.netloc.partition("@")
         account = host.split(".", 1)[0]

@@ -71,10 +71,27 @@ def storage_credentials(conn_id: str) -> StorageCredentials:
         raise StorageConnectionError(f"storage connection {conn_id!r} does not exist") from exc
     extra = dict(conn.extra_dejson or {})
     try:
-        return credentials_from_fields(conn.conn_type or "", login=conn.login, password=conn.password,
-                                       host=conn.host, extra=extra)
+        credentials = credentials_from_fields(conn.conn_type or "", login=conn.login, password=conn.password,
+                                              host=conn.host, extra=extra)
     except (UnsupportedStorageError, StorageConnectionError) as exc:
         raise StorageConnectionError(f"storage connection {conn_id!r}: {exc}") from exc
+    _mask(credentials)
+    return credentials
+
+
+SECRET_FIELDS = ("secret_key", "session_token", "account_key", "sas_token", "client_secret", "access_token")
+
+
+def _mask(credentials: StorageCredentials) -> None:
+    """Register every secret with Airflow's log masker: the Spark job receives them as Hadoop settings
+    (``fs.azure.account.key.<host>``, ``fs.s3a.session.token``) whose names the Spark provider's own
+    masking (keys holding ``secret`` or ``password``) does not cover."""
+    from airflow.sdk.log import mask_secret
+
+    for name in SECRET_FIELDS:
+        value = getattr(credentials, name, None)
+        if value:
+            mask_secret(value)
 
 
 def credentials_from_fields(conn_type: str, *, login: str | None, password: str | None, host: str | None,

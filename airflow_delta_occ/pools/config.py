@@ -112,6 +112,8 @@ def _normalize_uri(scheme: str, rest: str, text: str) -> str:
         raise ValueError(f"{text!r}: expected {scheme}://<authority>/<path>")
     authority, _, path = rest[2:].partition("/")
     path = re.sub(r"/+", "/", path).strip("/")
+    if any(part in (".", "..") for part in path.split("/")):
+        raise ValueError(f"{text!r} holds '.' or '..' segments; give the table's own path")
     return f"{scheme}://{authority}/{path}" if path else f"{scheme}://{authority}"
 
 

@@ -45,6 +45,10 @@ def test_local_and_unknown_schemes_are_not_stores(uri: str) -> None:
     ("s3a:///sales", "names no bucket"),
     ("abfss://acct.dfs.core.windows.net/sales", "container@account"),
     ("gs:///x", "names no bucket"),
+    # Spark (Hadoop's Path) would resolve these to another table than the one the engine reads.
+    ("s3a://lake/sales/../hr", "'\\.\\.' segments"),
+    ("s3a://lake/./sales", "segments are ambiguous"),
+    ("abfss://c@a.dfs.core.windows.net/x/%2E%2E/y", "segments are ambiguous"),
 ])
 def test_malformed_or_unknown_uris_are_refused(uri: str, message: str) -> None:
     with pytest.raises(UnsupportedStorageError, match=message):

@@ -172,3 +172,17 @@ def test_submit_conf_joins_connector_jars_to_delta_and_the_users(monkeypatch: py
         "io.delta:delta-storage-s3-dynamodb:4.4.0"]
     assert conf["spark.hadoop.fs.s3a.access.key"] == "AKIA"
     assert conf["spark.hadoop.fs.s3a.endpoint"] == "http://127.0.0.1:9000"
+
+
+def test_every_secret_is_registered_with_the_log_masker(monkeypatch: pytest.MonkeyPatch) -> None:
+    import airflow.sdk.log as sdk_log
+
+    masked: list[Any] = []
+    monkeypatch.setattr(sdk_log, "mask_secret", masked.append)
+    _conn(monkeypatch, "tmp_s3", conn_type="aws", login="AKIA", password="SECRET",
+          extra={"aws_session_token": "TOKEN"})
+    storage_credentials("tmp_s3")
+    _conn(monkeypatch, "sas", conn_type="wasb", login="acct", extra={"sas_token": "sv=SAS"})
+    storage_credentials("sas")
+    strings = {m for m in masked if isinstance(m, str)}
+    assert {"SECRET", "TOKEN", "sv=SAS"} <= strings

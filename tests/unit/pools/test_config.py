@@ -202,7 +202,8 @@ def test_normalize_table(table, normalized):
 
 
 @pytest.mark.parametrize("table", ["", "   ", "data/sales", "./sales", "../sales", "main..orders", "main.",
-                                   "`a.b`.c", "`main.orders", "main orders", "file:data/sales"])
+                                   "`a.b`.c", "`main.orders", "main orders", "file:data/sales",
+                                   "s3://lake/sales/../hr", "s3a://lake/./sales"])
 def test_unusable_table_identifiers(table):
     with pytest.raises(ValueError):
         normalize_table(table)

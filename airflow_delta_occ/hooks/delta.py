@@ -59,7 +59,7 @@ class DeltaSparkHook(BaseHook):
         self.spark_conf = {**extras.get("spark_conf", {}), **(spark_conf or {})}
         # Object storage: the credentials the engine reads the table with are the job's too.
         self.storage_conn_id: str | None = storage_conn_id or extras.get("storage_conn_id") or None
-        self.storage = SparkStorageSettings()
+        self._storage: SparkStorageSettings | None = None
 
     # -- object storage ---------------------------------------------------------------------------
     @functools.cached_property
@@ -68,6 +68,17 @@ class DeltaSparkHook(BaseHook):
         from airflow_delta_occ.hooks.storage import storage_credentials
 
         return storage_credentials(self.storage_conn_id) if self.storage_conn_id else None
+
+    @property
+    def storage(self) -> SparkStorageSettings:
+        """The storage settings the next session or job gets: those of ``use_storage``, or, before it
+        ran (a ``table_name`` lookup), the connection's store-wide settings."""
+        if self._storage is None:
+            from airflow_delta_occ.spark.storage import credential_settings
+
+            credentials = self.storage_credentials
+            return credential_settings(credentials) if credentials is not None else SparkStorageSettings()
+        return self._storage
 
     def credentials_for(self, location: str) -> StorageCredentials | None:
         """What the engine reads ``location``'s log with (``None`` for a local path)."""
@@ -93,7 +104,7 @@ class DeltaSparkHook(BaseHook):
             warning = check_s3_commits(used[0], self.mode, self.spark_conf, unsafe_s3_commits())  # type: ignore[arg-type]
             if warning:
                 self.log.warning("%s", warning)
-        self.storage = storage_settings(used, self.storage_credentials)
+        self._storage = storage_settings(used, self.storage_credentials)
 
     def _conf_with_storage(self, base: Mapping[str, str]) -> dict[str, str]:
         """``base`` confs, then the storage settings, then the user's; connector jars join the packages."""

@@ -101,6 +101,17 @@ def storage_settings(locations: Iterable[str], credentials: StorageCredentials |
     return SparkStorageSettings(hadoop, connector_packages(loc.kind for loc in parsed))
 
 
+def credential_settings(credentials: StorageCredentials) -> SparkStorageSettings:
+    """Settings for the credentials' store before a table's location is known: a catalog lookup
+    (``table_name=``) must already reach the store the catalog points at. Azure keys are per
+    account, so they need the connection's account name."""
+    hadoop: dict[str, str] = {}
+    if not isinstance(credentials, AzureCredentials) or credentials.account_name is not None:
+        account = credentials.account_name if isinstance(credentials, AzureCredentials) else ""
+        hadoop = _hadoop_keys(TableLocation("", credentials.kind, "", account or "", ""), credentials)
+    return SparkStorageSettings(hadoop, connector_packages([credentials.kind]))
+
+
 def _hadoop_keys(location: TableLocation, creds: StorageCredentials) -> dict[str, str]:
     if isinstance(creds, S3Credentials):
         return _s3a(creds)

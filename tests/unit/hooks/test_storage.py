@@ -186,3 +186,18 @@ def test_every_secret_is_registered_with_the_log_masker(monkeypatch: pytest.Monk
     storage_credentials("sas")
     strings = {m for m in masked if isinstance(m, str)}
     assert {"SECRET", "TOKEN", "sv=SAS"} <= strings
+
+
+def test_a_catalog_lookup_before_the_location_is_known_already_reaches_the_store(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``table_name=`` is resolved in a session that must read the table's log on S3: the connection's
+    store-wide settings and connector apply until ``use_storage`` names the location."""
+    _conn(monkeypatch, "lake_s3", conn_type="aws", login="AKIA", password="SECRET",
+          extra={"endpoint_url": "http://127.0.0.1:9000"})
+    hook = DeltaSparkHook(None, mode="embedded", storage_conn_id="lake_s3")
+    assert hook.storage.hadoop["fs.s3a.endpoint"] == "http://127.0.0.1:9000"
+    assert hook.storage.packages == (f"org.apache.hadoop:hadoop-aws:{hadoop_version()}",)
+    assert not DeltaSparkHook(None, mode="embedded").storage
+    _conn(monkeypatch, "adls", conn_type="adls", host="acct", password="KEY")
+    assert dict(DeltaSparkHook(None, storage_conn_id="adls").storage.hadoop) == {
+        "fs.azure.account.key.acct.dfs.core.windows.net": "KEY"}

@@ -98,3 +98,18 @@ def test_s3_scheme_is_served_by_s3a(s3_spark: Any, s3_connection: str, s3_path: 
                                 storage_conn_id=s3_connection).execute(context("s3"))
     assert result["confirmed"] and result["table"] == s3_uri
     assert rows(s3_spark, s3_path) == [(1, 0, "DE"), (2, 5, "DE"), (3, 0, "FR"), (4, 0, "FR")]
+
+
+def test_catalog_table_on_s3(s3_spark: Any, s3_connection: str, s3_path: str,
+                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """``table_name=``: the catalog gives the s3a:// location, the engine reads its log with the connection."""
+    create_sales(s3_spark, s3_path)
+    s3_spark.sql(f"CREATE TABLE default.sales_on_s3 USING delta LOCATION '{s3_path}'")
+    monkeypatch.setenv("AIRFLOW__DELTA_OCC__UNSAFE_S3_COMMITS", "warn")
+    result = DeltaMergeOperator(task_id="cat", table_name="default.sales_on_s3", storage_conn_id=s3_connection,
+                                source_query="SELECT 3 AS id, 33 AS v, DATE'2024-01-01' AS date, 'FR' AS country",
+                                merge_condition="t.id = s.id",
+                                clauses=[{"kind": "matched_update", "set": {"v": "s.v"}}],
+                                partitions={"date": "2024-01-01", "country": "FR"}).execute(context("cat"))
+    assert result["confirmed"] and result["table"] == "default.sales_on_s3"
+    assert rows(s3_spark, s3_path) == [(1, 0, "DE"), (2, 0, "DE"), (3, 33, "FR"), (4, 0, "FR")]

@@ -12,8 +12,11 @@ from typing import Any
 
 import pytest
 
-from airflow_delta_occ.spark.session import local_delta_session
+from airflow_delta_occ.demo import free_port
+from airflow_delta_occ.spark.session import delta_submit_conf, local_delta_session
 
+from ..servers import BIN, get_json, spark_env, spawn, stop, wait_for
+from ..servers import connect_server as connect_server_at
 from .differential.harness import gate_session_conf
 from .jobs import create_sales
 from .tables import TableSpec, build_table
@@ -25,6 +28,8 @@ TABLE_SPECS = [
     TableSpec("unpartitioned_dv_v2json", partitioned=False, deletion_vectors=True, checkpoint="v2-json"),
     TableSpec("unpartitioned_v2parquet", partitioned=False, deletion_vectors=False, checkpoint="v2-parquet"),
 ]
+# Set on the Connect server only: a table created there carries it, one created elsewhere does not.
+CONNECT_MARKER = ("spark.databricks.delta.properties.defaults.checkpointInterval", "7")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -58,3 +63,33 @@ def built_tables(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[s
 def sales(spark: Any, tmp_path: Any) -> str:
     """A small table partitioned by (date, country), two rows per partition (see ``jobs.create_sales``)."""
     return create_sales(spark, str(tmp_path / "sales"))
+
+
+@pytest.fixture(scope="session")
+def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A standalone master and worker on 127.0.0.1, started once for every module that submits to it."""
+    logs = tmp_path_factory.mktemp("standalone")
+    port, ui, worker_ui = free_port(), free_port(), free_port()
+    env, spark_class = spark_env(logs), str(BIN / "spark-class")
+    master = spawn([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                    "--port", str(port), "--webui-port", str(ui)], env, logs / "master.log")
+    worker = spawn([spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+                    "--webui-port", str(worker_ui), "--cores", "2", "--memory", "2g",
+                    f"spark://127.0.0.1:{port}"], env, logs / "worker.log")
+    try:
+        wait_for(lambda: any(w.get("state") == "ALIVE"
+                             for w in get_json(f"http://127.0.0.1:{ui}/json/").get("workers", [])),
+                 "the standalone master and worker", logs, [master, worker])
+        yield {"port": port, "ui": ui, "logs": logs, "env": env}
+    finally:
+        stop(worker, master)
+
+
+@pytest.fixture(scope="session")
+def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A Spark Connect server with delta-spark and the gate LogStore, as a platform team would run one
+    (started once for every module that uses it)."""
+    logs = tmp_path_factory.mktemp("connect")
+    with connect_server_at(logs, {**delta_submit_conf(), **gate_session_conf(),
+                                  CONNECT_MARKER[0]: CONNECT_MARKER[1]}) as server:
+        yield server

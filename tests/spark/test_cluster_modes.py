@@ -15,56 +15,24 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from airflow_delta_occ.demo import free_port
 from airflow_delta_occ.engine import DeltaLog
 from airflow_delta_occ.exceptions import SourceNotFoundError, SourceOutsidePartitionsError, StatementRefusedError
 from airflow_delta_occ.hooks.delta import DeltaSparkHook
 from airflow_delta_occ.jobs.result import JobResult
 from airflow_delta_occ.jobs.spec import JobSpec
-from airflow_delta_occ.spark.session import CONNECT_MODE_FLAG, delta_submit_conf
+from airflow_delta_occ.spark.session import CONNECT_MODE_FLAG
 
-from ..servers import BIN, get_json, spark_env, spawn, stop, wait_for
-from ..servers import connect_server as connect_server_at
+from ..servers import get_json, spark_env
 from .differential.harness import gate_session_conf
 from .jobs import check_disjoint_merges, check_overlapping_merges, create_sales, merge_spec, race_merges, source
 
 REPO = Path(__file__).resolve().parents[2]
-# Set on the Connect server only: a table created there carries it, one created elsewhere does not.
-CONNECT_MARKER = ("spark.databricks.delta.properties.defaults.checkpointInterval", "7")
-
-
-@pytest.fixture(scope="module")
-def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    logs = tmp_path_factory.mktemp("standalone")
-    port, ui, worker_ui = free_port(), free_port(), free_port()
-    env, spark_class = spark_env(logs), str(BIN / "spark-class")
-    master = spawn([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                    "--port", str(port), "--webui-port", str(ui)], env, logs / "master.log")
-    worker = spawn([spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-                    "--webui-port", str(worker_ui), "--cores", "2", "--memory", "2g",
-                    f"spark://127.0.0.1:{port}"], env, logs / "worker.log")
-    try:
-        wait_for(lambda: any(w.get("state") == "ALIVE"
-                             for w in get_json(f"http://127.0.0.1:{ui}/json/").get("workers", [])),
-                 "the standalone master and worker", logs, [master, worker])
-        yield {"port": port, "ui": ui, "logs": logs, "env": env}
-    finally:
-        stop(worker, master)
-
-
-@pytest.fixture(scope="module")
-def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A Spark Connect server with delta-spark and the gate LogStore, as a platform team would run one."""
-    logs = tmp_path_factory.mktemp("connect")
-    with connect_server_at(logs, {**delta_submit_conf(), **gate_session_conf(),
-                                  CONNECT_MARKER[0]: CONNECT_MARKER[1]}) as server:
-        yield server
 
 
 def _run_example_dag(tmp_path: Path, env: dict[str, str], delta_conn: dict[str, Any]) -> Path:

@@ -34,9 +34,23 @@ def get_provider_info() -> dict[str, Any]:
                                         "enum": ["embedded", "spark-submit", "connect"]}},
                     "spark_conn_id": {"label": "Spark connection (spark-submit mode)",
                                       "schema": {"type": ["string", "null"], "default": "spark_default"}},
-                    "connect_url": {"label": "Spark Connect URL", "schema": {"type": ["string", "null"]}},
+                    "spark_connect_conn_id": {
+                        "label": "Spark Connect connection (connect mode)",
+                        "description": "A spark_connect connection of the Spark provider; its token is masked",
+                        "schema": {"type": ["string", "null"]}},
+                    "connect_url": {"label": "Spark Connect URL (without a token)",
+                                    "description": "sc://host:15002; a URL with token= is refused",
+                                    "schema": {"type": ["string", "null"]}},
                     "master": {"label": "Embedded master", "schema": {"type": ["string", "null"],
                                                                       "default": "local[2]"}},
+                    "spark_conf": {"label": "Spark settings",
+                                   "description": "Spark confs added to every job of this connection (JSON object)",
+                                   "schema": {"type": ["object", "null"]}},
+                    "storage_conn_id": {
+                        "label": "Storage connection",
+                        "description": "aws, wasb, adls or google_cloud_platform connection for tables on object "
+                                       "storage",
+                        "schema": {"type": ["string", "null"]}},
                 },
             },
             {

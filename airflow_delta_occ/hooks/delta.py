@@ -5,8 +5,13 @@ run in an embedded local Spark session, the default for a laptop or a single wor
 
 * ``mode``: ``embedded`` (default), ``spark-submit`` or ``connect``;
 * ``spark_conn_id``: the Spark connection ``spark-submit`` uses (apache-airflow-providers-apache-spark);
-* ``connect_url``: ``sc://host:15002`` for Spark Connect;
-* ``master``: the embedded session's master (default ``local[2]``).
+* ``spark_connect_conn_id``: the Spark provider's ``spark_connect`` connection for Spark Connect
+  (host, port, user id, the token in its password field, which Airflow masks, ``use_ssl``);
+* ``connect_url``: ``sc://host:15002`` for a Connect server without a token (a URL carrying
+  ``token=`` is refused: the token would sit unmasked in an extra);
+* ``master``: the embedded session's master (default ``local[2]``);
+* ``spark_conf``: Spark settings for every job of the connection;
+* ``storage_conn_id``: the connection of the tables' object store (see ``hooks/storage.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_delta_occ.config import MODES, default_mode
-from airflow_delta_occ.exceptions import DeltaJobError, JobKilledError
+from airflow_delta_occ.exceptions import DeltaJobError, JobKilledError, ProviderConfigError
 from airflow_delta_occ.jobs.result import JobResult
 from airflow_delta_occ.jobs.spec import JobSpec
 from airflow_delta_occ.retry.classify import ConflictKind, classify_conflict, conflict_failure
@@ -116,15 +121,34 @@ class DeltaSparkHook(BaseHook):
         return conf
 
     # -- sessions ---------------------------------------------------------------------------------
+    def connect_url(self) -> str:
+        """The Spark Connect URL: from the ``spark_connect`` connection named by ``spark_connect_conn_id``
+        (built by the Spark provider's ``SparkConnectHook``), else ``connect_url``, else ``SPARK_REMOTE``.
+
+        Raises:
+            ProviderConfigError: none of them is set, or ``connect_url`` carries a token.
+        """
+        conn_id = self.extras.get("spark_connect_conn_id")
+        if conn_id:
+            from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+            return SparkConnectHook(conn_id).get_connection_url()
+        url = self.extras.get("connect_url") or os.environ.get("SPARK_REMOTE")
+        if not url:
+            raise ProviderConfigError(f"connect mode needs spark_connect_conn_id (a spark_connect connection) or "
+                                      f"connect_url in the extras of connection {self.delta_conn_id!r}")
+        if "token=" in str(url).lower() and self.extras.get("connect_url"):
+            raise ProviderConfigError(f"connection {self.delta_conn_id!r}: connect_url carries a token, which would "
+                                      "be stored and shown unmasked; put the server in a spark_connect connection "
+                                      "(token in its password field) and name it with spark_connect_conn_id")
+        return str(url)
+
     def get_spark(self) -> Any:
         """A SparkSession for embedded or Connect mode (a new Connect session on every call)."""
         if self.mode == "connect":
             from pyspark.sql import SparkSession
 
-            url = self.extras.get("connect_url") or os.environ.get("SPARK_REMOTE")
-            if not url:
-                raise DeltaJobError("connect mode needs connect_url in the connection extras (sc://host:15002)")
-            return SparkSession.builder.remote(url).create()
+            return SparkSession.builder.remote(self.connect_url()).create()
         from airflow_delta_occ.spark.session import delta_submit_conf, local_delta_session
 
         spark = local_delta_session("airflow-delta-occ", master=self.extras.get("master", "local[2]"),
@@ -163,6 +187,54 @@ class DeltaSparkHook(BaseHook):
                     os.environ.pop(CONNECT_MODE_FLAG, None)
                 else:
                     os.environ[CONNECT_MODE_FLAG] = flag_before
+
+    def test_connection(self) -> tuple[bool, str]:
+        """The connection form's test button: can this connection run a job?
+
+        * embedded: a Java runtime starts and the delta-spark coordinates are known (no session is
+          started: the test runs in the api-server);
+        * spark-submit: the Spark connection exists and its ``spark-submit`` runs ``--version``;
+        * connect: a session opens on the server and runs ``SELECT 1``.
+        """
+        try:
+            if self.mode == "connect":
+                reachable = _reachable(self.connect_url())
+                if reachable is not None:  # pyspark's client would retry for minutes
+                    return False, f"connect: {reachable}"
+                with self.job_session() as spark:
+                    value = spark.sql("SELECT 1 AS ok").collect()[0]["ok"]
+                return value == 1, f"Spark Connect at {_without_params(self.connect_url())} answered SELECT 1"
+            if self.mode == "spark-submit":
+                return self._test_submit()
+            return self._test_embedded()
+        except Exception as exc:  # the button shows the reason; nothing is raised to the UI
+            return False, f"{self.mode}: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+
+    def _test_embedded(self) -> tuple[bool, str]:
+        import subprocess
+
+        from airflow_delta_occ.spark.session import delta_maven_coordinates
+
+        java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else "java"
+        done = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60, check=False)
+        if done.returncode != 0:
+            return False, f"embedded: {java} -version failed: {done.stderr.strip()[:300]}"
+        version = (done.stderr or done.stdout).strip().splitlines()[0]
+        return True, f"embedded: {version}; Delta jars {delta_maven_coordinates()}"
+
+    def _test_submit(self) -> tuple[bool, str]:
+        import subprocess
+
+        conn_id = self.extras.get("spark_conn_id", "spark_default")
+        self.get_connection(conn_id)  # AirflowNotFoundException names it
+        hook = _submit_hook_class()(conn_id=conn_id, application="", conf={})
+        binary = hook._connection["spark_binary"]
+        done = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=120, check=False)
+        output = (done.stdout + done.stderr).strip()
+        if done.returncode != 0:
+            return False, f"spark-submit: {binary} --version exited {done.returncode}: {output[-300:]}"
+        version = next((line.strip() for line in output.splitlines() if "version" in line.lower()), output[:100])
+        return True, f"spark-submit: connection {conn_id!r} to {hook._connection['master']}, {binary}: {version}"
 
     def table_location(self, name: str) -> str:
         """The storage location of a catalog table (so the engine can read its log)."""
@@ -301,6 +373,25 @@ class DeltaSparkHook(BaseHook):
         if final is None:
             raise DeltaJobError("spark-submit finished without the runner's result line")
         return final
+
+
+def _reachable(url: str, timeout: float = 5.0) -> str | None:
+    """Why nothing accepts connections at a Connect URL's host and port, or ``None`` when something does."""
+    import socket
+    from urllib.parse import urlparse
+
+    parsed = urlparse(_without_params(url).replace("sc://", "http://", 1))
+    host, port = parsed.hostname or "localhost", parsed.port or 15002
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as exc:
+        return f"cannot reach {host}:{port}: {exc}"
+    return None
+
+
+def _without_params(url: str) -> str:
+    """A Connect URL without its ``;token=...`` parameters, for messages."""
+    return url.split(";", 1)[0]
 
 
 INTERRUPT_ON_CANCEL = "spark.job.interruptOnCancel"

@@ -94,7 +94,11 @@ def _delta_conn(mode: str, request: pytest.FixtureRequest, monkeypatch: pytest.M
         extra: dict[str, Any] = {"mode": "spark-submit", "spark_conn_id": "spark_race", "spark_conf": {
             **gate_session_conf(), "spark.executor.memory": "1g", "spark.cores.max": "1"}}
     elif mode == "connect":
-        extra = {"mode": "connect", "connect_url": request.getfixturevalue("connect_server")["url"]}
+        # Through the Spark provider's spark_connect connection, as a platform team would set it up.
+        port = request.getfixturevalue("connect_server")["url"].rsplit(":", 1)[1]
+        monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_RACE", json.dumps(
+            {"conn_type": "spark_connect", "host": "127.0.0.1", "port": int(port), "login": "delta-occ-tests"}))
+        extra = {"mode": "connect", "spark_connect_conn_id": "spark_connect_race"}
     else:
         extra = {"mode": "embedded"}
     conn_id = f"delta_occ_{mode.replace('-', '_')}"
@@ -174,3 +178,12 @@ def test_remote_refusal_comes_back_as_the_same_typed_error(spark: Any, sales: st
     with pytest.raises(SourceOutsidePartitionsError, match="1 source row"):
         remote_runner(spark, spec)
     assert DeltaLog.for_table(sales).latest_version() == before
+
+
+def test_the_connection_button_in_the_remote_modes(request: pytest.FixtureRequest,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The form's test button answers from the real servers: spark-submit's binary for the cluster's
+    connection, and a SELECT 1 through the spark_connect connection."""
+    for mode, expected in (("spark-submit", "spark://127.0.0.1"), ("connect", "answered SELECT 1")):
+        ok, message = DeltaSparkHook(_delta_conn(mode, request, monkeypatch)).test_connection()
+        assert ok and expected in message, message

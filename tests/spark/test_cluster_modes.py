@@ -3,7 +3,8 @@
 Both run on 127.0.0.1 from the pyspark package's own launchers: a standalone master and worker
 (``spark-class``), and a Connect server (``spark-submit --class ...SparkConnectServer``) with
 delta-spark and the test gate LogStore on its classpath. The example DAG runs through the Airflow
-CLI with the ``delta_occ_default`` connection switched to each mode, and the gated MERGE races of
+CLI with the ``delta_occ_default`` connection switched to Connect (spark-submit jobs are proven by
+the races, the refusals and the kill test, which submit to the same cluster), and the gated MERGE races of
 the operator tier run with job A inside the cluster or the Connect server, so the conflict that
 reaches the operator was raised by delta-spark there and classified from what crossed the wire:
 the runner's result line for spark-submit, the error class for Connect.
@@ -50,18 +51,6 @@ def _run_example_dag(tmp_path: Path, env: dict[str, str], delta_conn: dict[str, 
     assert len(merges) == 4
     assert all(json.loads(m.user_metadata or "{}")["airflow"]["task_id"] == "merge_country" for m in merges)
     return table
-
-
-def test_example_dag_through_spark_submit(standalone: dict[str, Any], tmp_path: Path) -> None:
-    env = {**standalone["env"], "AIRFLOW_CONN_SPARK_STANDALONE": json.dumps(
-        {"conn_type": "spark", "host": "spark://127.0.0.1", "port": standalone["port"],
-         "extra": {"deploy-mode": "client"}})}
-    _run_example_dag(tmp_path, env, {"mode": "spark-submit", "spark_conn_id": "spark_standalone",
-                                     "spark_conf": {"spark.executor.memory": "1g", "spark.cores.max": "2"}})
-    state = get_json(f"http://127.0.0.1:{standalone['ui']}/json/")
-    apps = state.get("completedapps", []) + state.get("activeapps", [])
-    submitted = [a for a in apps if str(a.get("name", "")).startswith("delta-occ-delta_concurrent_merges")]
-    assert len(submitted) >= 4, [a.get("name") for a in apps]
 
 
 def test_example_dag_through_spark_connect(connect_server: dict[str, Any], tmp_path: Path) -> None:

@@ -16,7 +16,6 @@ import os
 import tempfile
 import time
 from collections.abc import Mapping
-from importlib.metadata import version
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -41,11 +40,17 @@ def ivy_dir() -> str:
 
 
 def delta_maven_coordinates() -> str:
-    """The delta-spark artifact matching the installed pyspark and delta-spark wheels."""
-    import pyspark
+    """The delta-spark artifact matching the installed pyspark and delta-spark wheels.
 
-    spark_major_minor = ".".join(pyspark.__version__.split(".")[:2])
-    return f"io.delta:delta-spark_{spark_major_minor}_2.13:{version('delta-spark')}"
+    Asked of delta-spark's own helper (``configure_spark_with_delta_pip``), which knows how its
+    artifact is named for each Spark version; it configures a builder, read back without starting
+    anything, so ``spark-submit`` gets the same artifact as the embedded session.
+    """
+    from delta.pip_utils import configure_spark_with_delta_pip
+    from pyspark.sql import SparkSession
+
+    builder = configure_spark_with_delta_pip(SparkSession.Builder())
+    return str(builder._options["spark.jars.packages"])
 
 
 def delta_submit_conf() -> dict[str, str]:
@@ -73,10 +78,10 @@ def local_delta_session(
     from pyspark.sql import SparkSession
 
     warehouse = os.path.join(tempfile.gettempdir(), "airflow-delta-occ-warehouse")
+    from delta.pip_utils import configure_spark_with_delta_pip
+
     builder = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
-        .config("spark.jars.packages", delta_maven_coordinates())
+        configure_spark_with_delta_pip(SparkSession.builder.master(master).appName(app_name))
         .config("spark.jars.ivy", ivy_dir())
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", "2")

@@ -79,3 +79,17 @@ def test_the_button_reports_an_unreachable_connect_server(monkeypatch: pytest.Mo
                  extra={"mode": "connect", "connect_url": f"sc://127.0.0.1:{free_port()}"})
     ok, message = DeltaSparkHook(conn).test_connection()
     assert not ok and message.startswith("connect:"), message
+
+
+def test_delta_jars_are_named_by_delta_sparks_own_helper() -> None:
+    """One name for the JVM side everywhere (embedded builder, spark-submit, the button), and it is the
+    artifact of the installed wheels: delta-spark_<spark major.minor>_2.13 at delta-spark's version."""
+    from importlib.metadata import version
+
+    import pyspark
+
+    from airflow_delta_occ.spark.session import delta_maven_coordinates, delta_submit_conf
+
+    spark = ".".join(pyspark.__version__.split(".")[:2])
+    assert delta_maven_coordinates() == f"io.delta:delta-spark_{spark}_2.13:{version('delta-spark')}"
+    assert delta_submit_conf()["spark.jars.packages"] == delta_maven_coordinates()

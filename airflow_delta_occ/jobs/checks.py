@@ -30,6 +30,17 @@ def templated(value: Any) -> bool:
     return isinstance(value, str) and "{{" in value
 
 
+SQL_FILE_SUFFIX = ".sql"
+
+
+def sql_file(value: Any) -> bool:
+    """Whether the value of a SQL text field names a ``.sql`` file (read and rendered at run time).
+
+    Only a value with no whitespace counts: ``t.id = s.sql`` is an expression, ``sql/on.sql`` a file.
+    """
+    return isinstance(value, str) and value.endswith(SQL_FILE_SUFFIX) and not any(c.isspace() for c in value)
+
+
 def check_one_source(owner: str, source: Any, source_table: Any, source_query: Any) -> None:
     """Exactly one source, as non-empty text; a query that holds no template must be a query."""
     given = [name for name, value in (("source", source), ("source_table", source_table),
@@ -40,7 +51,7 @@ def check_one_source(owner: str, source: Any, source_table: Any, source_query: A
     for name, value in (("source", source), ("source_table", source_table), ("source_query", source_query)):
         if value is not None and (not isinstance(value, str) or not value.strip()):
             raise JobSpecError(f"{name} must be a non-empty string, got {value!r}")
-    if source_query is not None and not templated(source_query):
+    if source_query is not None and not templated(source_query) and not sql_file(source_query):
         check_source_query(source_query)
 
 

@@ -39,6 +39,7 @@ from airflow_delta_occ.jobs.checks import (
     column_name,
     is_partition_column,
     refuse_moving_rows,
+    sql_file,
     templated,
     typed_operands,
 )
@@ -59,6 +60,9 @@ from airflow_delta_occ.retry.policy import layer_overrides
 from . import leasing
 
 if TYPE_CHECKING:  # the engine loads pyarrow: imported when a table is read, not with the operator
+    import jinja2
+    from airflow.sdk import Context
+
     from airflow_delta_occ.engine import Snapshot
     from airflow_delta_occ.engine.expressions import Expr
     from airflow_delta_occ.engine.planner import Footprint
@@ -106,7 +110,13 @@ class DeltaBaseOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = ("table", "table_name", "partitions")
-    template_fields_renderers: ClassVar[dict[str, str]] = {"partitions": "json"}
+    template_fields_renderers: ClassVar[dict[str, str]] = {
+        "partitions": "json", "merge_condition": "sql", "where": "sql", "source_query": "sql", "set": "json",
+        "clauses": "json"}
+    # The SQL text fields that may name a .sql file (under the DAG folder or template_searchpath).
+    # Not ``template_ext``: Airflow applies that to every string of every field, nested ones too, so
+    # an UPDATE's ``set={"v": "s.sql"}`` (column ``sql`` of the source) would be read as a file.
+    sql_file_fields: ClassVar[tuple[str, ...]] = ("merge_condition", "where", "source_query")
     ui_color = "#00add4"
     operation = ""
 
@@ -152,6 +162,23 @@ class DeltaBaseOperator(BaseOperator):
         self.lease_conn_id = lease_conn_id
         self.storage_conn_id = storage_conn_id
         self._held_lease: tuple[str, str] | None = None  # (request id, owner) while a job runs with a lease
+
+    def render_template_fields(self, context: Context, jinja_env: jinja2.Environment | None = None) -> None:
+        """Read a ``.sql`` file named by a SQL text field, then render every field as usual.
+
+        Raises:
+            JobSpecError: the file is not under the DAG folder or ``template_searchpath``.
+        """
+        env = jinja_env or self.get_template_env(self.get_dag())
+        for name in self.sql_file_fields:
+            value = getattr(self, name, None)
+            if name in self.template_fields and sql_file(value) and env.loader is not None:
+                try:
+                    setattr(self, name, env.loader.get_source(env, str(value))[0])
+                except Exception as exc:  # jinja2.TemplateNotFound, or an unreadable file
+                    raise JobSpecError(f"{name}: cannot read the SQL file {value!r} (looked under the DAG folder and "
+                                       f"template_searchpath): {type(exc).__name__}: {exc}") from exc
+        super().render_template_fields(context, env)
 
     @classmethod
     def partial(cls, **kwargs: Any) -> Any:
@@ -428,7 +455,7 @@ class DeltaMergeOperator(DeltaBaseOperator):
                  source_alias: str = "s", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         check_one_source(type(self).__name__, source, source_table, source_query)
-        if not templated(merge_condition):
+        if not templated(merge_condition) and not sql_file(merge_condition):
             parse_expression(merge_condition, "merge_condition")
         self.clauses = check_clauses(clauses if clauses is not None else
                                      [{"kind": "matched_update_all"}, {"kind": "not_matched_insert_all"}])
@@ -510,7 +537,7 @@ class DeltaUpdateOperator(DeltaBaseOperator):
             raise JobSpecError(f"set must be a non-empty mapping of column to SQL expression, got {set!r}")
         for key, value in set.items():
             check_sql_text(value, f"set[{key}]")
-        if where is not None and not templated(where):
+        if where is not None and not templated(where) and not sql_file(where):
             parse_expression(where, "where")
         self.set, self.where = dict(set), where
 
@@ -540,7 +567,7 @@ class DeltaDeleteOperator(DeltaBaseOperator):
         super().__init__(**kwargs)
         if where is None and self.partitions is None:
             raise JobSpecError("DeltaDeleteOperator needs where= or partitions= (deleting everything is refused)")
-        if where is not None and not templated(where):
+        if where is not None and not templated(where) and not sql_file(where):
             parse_expression(where, "where")
         self.where = where
 

@@ -38,6 +38,9 @@ SINGLE_DRIVER_LOG_STORES = frozenset({"io.delta.storage.S3SingleDriverLogStore",
                                       "org.apache.spark.sql.delta.storage.S3SingleDriverLogStore"})
 MULTI_DRIVER_LOG_STORE = "io.delta.storage.S3DynamoDBLogStore"
 UnsafeCommits = Literal["refuse", "warn"]
+REDACTION_CONF = "spark.redaction.regex"
+# Spark's default pattern, plus ABFS account keys.
+REDACTION_REGEX = "(?i)secret|password|token|access[.]?key|account[.]key"
 
 
 @dataclass(frozen=True)
@@ -53,8 +56,16 @@ class SparkStorageSettings:
 
     def spark_conf(self) -> dict[str, str]:
         """The Hadoop keys as Spark confs (``spark.hadoop.fs.s3a.endpoint`` ...), for a new session
-        or a ``spark-submit`` command line."""
-        return {HADOOP_PREFIX + key: value for key, value in self.hadoop.items()}
+        or a ``spark-submit`` command line.
+
+        Spark hides conf values whose key matches ``spark.redaction.regex`` in its UI and event logs;
+        the default misses ABFS account keys (``fs.azure.account.key.<host>``), so the pattern is
+        widened when one is present (a user's own ``spark_conf`` still wins).
+        """
+        conf = {HADOOP_PREFIX + key: value for key, value in self.hadoop.items()}
+        if any(key.startswith("fs.azure.account.key.") for key in self.hadoop):
+            conf[REDACTION_CONF] = REDACTION_REGEX
+        return conf
 
 
 def hadoop_version() -> str:

@@ -305,6 +305,9 @@ class DeltaSparkHook(BaseHook):
         self._running = RunningJob(self.mode, tag, session=spark)
         try:
             yield
+        except BaseException as exc:
+            self._stop_if_interrupted(exc)
+            raise
         finally:
             self._running = None
             with contextlib.suppress(Exception):  # a killed session is stopped: nothing left to clear
@@ -313,6 +316,18 @@ class DeltaSparkHook(BaseHook):
                 else:
                     spark.sparkContext.removeJobTag(tag)
                     spark.sparkContext.setLocalProperty(INTERRUPT_ON_CANCEL, previous)
+
+    def _stop_if_interrupted(self, exc: BaseException) -> None:
+        """Stop the job's Spark work when something other than the job's own outcome unwinds through it.
+
+        ``execution_timeout`` raises ``AirflowTaskTimeout`` (a ``BaseException``) inside the wait,
+        and the Task SDK calls ``on_kill`` only after ``execute`` has returned, when no job is
+        tracked any more: a spark-submit driver or the session's jobs would go on and could still
+        commit. An ordinary ``Exception`` is the job's own failure and needs no stop.
+        """
+        if not isinstance(exc, Exception) and self._running is not None:
+            self.log.warning("%s while the %s job ran: stopping its Spark work", type(exc).__name__, self.mode)
+            self.on_kill()
 
     def on_kill(self) -> None:
         """Stop the Spark work of the job ``run`` is executing (the operator calls this when its task is
@@ -360,7 +375,10 @@ class DeltaSparkHook(BaseHook):
         self._running = RunningJob(self.mode, str(hook._name), submit=hook)
         try:
             hook.submit(hook.application)
-        except Exception as exc:
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                self._stop_if_interrupted(exc)
+                raise
             reported: JobResult | None = hook.result
             if reported is not None:  # the runner reported its outcome; the exit code only repeats it
                 return reported

@@ -9,6 +9,11 @@ conflict's own backoff, and leaves every other error to Airflow's normal ``retri
 It decides from the same policies as the in-job loop: ``policies_for(operation, overrides)`` with
 the platform's ``[delta_occ] conflict_policies`` under the task's ``conflict_policies=``. The
 platform layer is read when the policy first decides, in the worker, as the runner reads it.
+
+What Airflow's own ``RetryRule`` can say, it says: the permanent failures are one rule matched by
+exception class. The conflicts are not an ``ExceptionRetryPolicy``: a conflict that crossed Py4J or
+Spark Connect is recognised by Delta's error class in its message, not by a Python class, and its
+delay grows with the try (a rule's delay is fixed).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from airflow.sdk import RetryDecision, RetryPolicy
+from airflow.sdk import RetryDecision, RetryPolicy, RetryRule
 from airflow.sdk.definitions.retry_policy import RetryAction
 
 from airflow_delta_occ.engine.errors import (
@@ -37,6 +42,7 @@ from .policy import Action, ConflictPolicy, policies_for
 # files are written once, atomically), and bad provider configuration.
 NOT_RETRIABLE: tuple[type[BaseException], ...] = (
     *REFUSED_TYPES, PredicateError, UnsupportedProtocolError, InvalidCommitError, LogCorruptError, ProviderConfigError)
+PERMANENT = RetryRule(exception=list(NOT_RETRIABLE), action=RetryAction.FAIL)
 
 
 class DeltaConflictRetryPolicy(RetryPolicy):
@@ -65,7 +71,7 @@ class DeltaConflictRetryPolicy(RetryPolicy):
 
     def evaluate(self, exception: BaseException, try_number: int, max_tries: int,
                  context: Any = None) -> RetryDecision:
-        if isinstance(exception, NOT_RETRIABLE):
+        if PERMANENT.matches(exception):
             return RetryDecision(RetryAction.FAIL, reason=f"not retriable: {type(exception).__name__}: {exception}")
         kind = exception.kind if isinstance(exception, ConflictFailure) else classify_conflict(exception)
         if kind is None:

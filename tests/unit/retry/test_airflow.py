@@ -85,3 +85,17 @@ def test_mapped_delta_tasks_get_the_default_retries_where_the_scheduler_reads_th
         mapped = DeltaMergeOperator.partial(task_id="m", table="/t", merge_condition="t.id = s.id") \
             .expand(source=["/a", "/b"])
     assert mapped.retries == 4
+
+
+@pytest.mark.parametrize(("error", "action"), [
+    ("SourceNotFoundError", "fail"), ("SourceOutsidePartitionsError", "fail"), ("ProviderConfigError", "fail"),
+    ("StorageConnectionError", "fail"), ("RuntimeError", "default"), ("OSError", "default")])
+def test_permanent_failures_fail_at_once_and_the_rest_is_left_to_airflow(error: str, action: str) -> None:
+    import builtins
+
+    from airflow_delta_occ import exceptions
+    from airflow_delta_occ.retry.airflow import DeltaConflictRetryPolicy
+
+    cls = getattr(exceptions, error, None) or getattr(builtins, error)
+    decision = DeltaConflictRetryPolicy("merge").evaluate(cls("boom"), try_number=1, max_tries=3)
+    assert decision.action.value == action, decision

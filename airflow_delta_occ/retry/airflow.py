@@ -30,8 +30,9 @@ from airflow_delta_occ.engine.errors import (
     LogCorruptError,
     PredicateError,
     UnsupportedProtocolError,
+    UnsupportedStorageError,
 )
-from airflow_delta_occ.exceptions import ConflictFailure, ProviderConfigError
+from airflow_delta_occ.exceptions import ConflictFailure, ProviderConfigError, UnsafeLogStoreError
 from airflow_delta_occ.jobs.result import REFUSED_TYPES
 
 from .classify import ADVICE, ConflictKind, classify_conflict
@@ -39,9 +40,12 @@ from .policy import Action, ConflictPolicy, policies_for
 
 # Retrying cannot fix these: what the runner refuses (bad job input, a missing table or source), a
 # condition the engine cannot read, a table this engine cannot read, a malformed log (Delta's commit
-# files are written once, atomically), and bad provider configuration.
+# files are written once, atomically), bad provider configuration, an S3 table whose commits could be
+# lost, and an object-store URI or credentials the engine cannot use (an unreachable store is a
+# plain StorageError and is retried).
 NOT_RETRIABLE: tuple[type[BaseException], ...] = (
-    *REFUSED_TYPES, PredicateError, UnsupportedProtocolError, InvalidCommitError, LogCorruptError, ProviderConfigError)
+    *REFUSED_TYPES, PredicateError, UnsupportedProtocolError, InvalidCommitError, LogCorruptError, ProviderConfigError,
+    UnsafeLogStoreError, UnsupportedStorageError)
 PERMANENT = RetryRule(exception=list(NOT_RETRIABLE), action=RetryAction.FAIL)
 
 

@@ -89,13 +89,15 @@ def test_mapped_delta_tasks_get_the_default_retries_where_the_scheduler_reads_th
 
 @pytest.mark.parametrize(("error", "action"), [
     ("SourceNotFoundError", "fail"), ("SourceOutsidePartitionsError", "fail"), ("ProviderConfigError", "fail"),
-    ("StorageConnectionError", "fail"), ("RuntimeError", "default"), ("OSError", "default")])
+    ("StorageConnectionError", "fail"), ("UnsafeLogStoreError", "fail"), ("UnsupportedStorageError", "fail"),
+    ("StorageError", "default"), ("RuntimeError", "default"), ("OSError", "default")])
 def test_permanent_failures_fail_at_once_and_the_rest_is_left_to_airflow(error: str, action: str) -> None:
     import builtins
 
     from airflow_delta_occ import exceptions
+    from airflow_delta_occ.engine import errors
     from airflow_delta_occ.retry.airflow import DeltaConflictRetryPolicy
 
-    cls = getattr(exceptions, error, None) or getattr(builtins, error)
+    cls = getattr(exceptions, error, None) or getattr(errors, error, None) or getattr(builtins, error)
     decision = DeltaConflictRetryPolicy("merge").evaluate(cls("boom"), try_number=1, max_tries=3)
     assert decision.action.value == action, decision

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from airflow_delta_occ.exceptions import PoolConfigError, ProviderConfigError
 
@@ -116,10 +116,11 @@ def enforce_pools() -> bool:
     return _flag("enforce_pools")
 
 
-UNSAFE_S3_COMMITS = ("refuse", "warn")
+UnsafeS3Commits = Literal["refuse", "warn"]
+UNSAFE_S3_COMMITS: tuple[UnsafeS3Commits, ...] = ("refuse", "warn")
 
 
-def unsafe_s3_commits() -> str:
+def unsafe_s3_commits() -> UnsafeS3Commits:
     """``[delta_occ] unsafe_s3_commits``: what a job does when its commits to an S3 table could be lost
     (each job starts its own driver and no multi-driver LogStore is configured): ``refuse`` (default)
     or ``warn`` (the platform guarantees one writer per table at a time).
@@ -128,9 +129,10 @@ def unsafe_s3_commits() -> str:
         ProviderConfigError: not ``refuse`` or ``warn``.
     """
     value = _get("unsafe_s3_commits", "refuse").strip().lower() or "refuse"
-    if value not in UNSAFE_S3_COMMITS:
-        raise ProviderConfigError(f"[{SECTION}] unsafe_s3_commits is {value!r}; expected refuse or warn")
-    return value
+    for choice in UNSAFE_S3_COMMITS:
+        if value == choice:
+            return choice
+    raise ProviderConfigError(f"[{SECTION}] unsafe_s3_commits is {value!r}; expected refuse or warn")
 
 
 def pool_file() -> str | None:

@@ -106,7 +106,7 @@ class DeltaSparkHook(BaseHook):
 
         used = [loc for loc in locations if loc]
         if used:
-            warning = check_s3_commits(used[0], self.mode, self.spark_conf, unsafe_s3_commits())  # type: ignore[arg-type]
+            warning = check_s3_commits(used[0], self.mode, self.spark_conf, unsafe_s3_commits())
             if warning:
                 self.log.warning("%s", warning)
         self._storage = storage_settings(used, self.storage_credentials)

@@ -18,8 +18,8 @@ import glob
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
 
+from airflow_delta_occ.config import UnsafeS3Commits
 from airflow_delta_occ.engine.object_store import (
     AzureCredentials,
     GcsCredentials,
@@ -37,7 +37,6 @@ S3A_FILESYSTEM = "org.apache.hadoop.fs.s3a.S3AFileSystem"
 SINGLE_DRIVER_LOG_STORES = frozenset({"io.delta.storage.S3SingleDriverLogStore",
                                       "org.apache.spark.sql.delta.storage.S3SingleDriverLogStore"})
 MULTI_DRIVER_LOG_STORE = "io.delta.storage.S3DynamoDBLogStore"
-UnsafeCommits = Literal["refuse", "warn"]
 REDACTION_CONF = "spark.redaction.regex"
 # Spark's default pattern, plus ABFS account keys.
 REDACTION_REGEX = "(?i)secret|password|token|access[.]?key|account[.]key"
@@ -211,7 +210,7 @@ def unsafe_s3_commit(table_uri: str, mode: str, spark_conf: Mapping[str, str]) -
             "job ever writes this table at a time, set [delta_occ] unsafe_s3_commits = warn")
 
 
-def check_s3_commits(table_uri: str, mode: str, spark_conf: Mapping[str, str], policy: UnsafeCommits) -> str | None:
+def check_s3_commits(table_uri: str, mode: str, spark_conf: Mapping[str, str], policy: UnsafeS3Commits) -> str | None:
     """Refuse (``policy="refuse"``) or return the warning for a job whose S3 commits could be lost.
 
     Raises:

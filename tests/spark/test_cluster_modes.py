@@ -176,3 +176,22 @@ def test_the_connection_button_in_the_remote_modes(request: pytest.FixtureReques
     for mode, expected in (("spark-submit", "spark://127.0.0.1"), ("connect", "answered SELECT 1")):
         ok, message = DeltaSparkHook(_delta_conn(mode, request, monkeypatch)).test_connection()
         assert ok and expected in message, message
+
+
+def test_connect_table_name_is_looked_up_in_the_servers_catalog(request: pytest.FixtureRequest, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """``table_name=`` in Connect mode resolves in the Connect server's catalog: a table created there
+    (and unknown to this process) is found, and a missing one raises ``TableNotFoundError``."""
+    from airflow_delta_occ.engine.errors import TableNotFoundError
+
+    hook = DeltaSparkHook(_delta_conn("connect", request, monkeypatch))
+    location = tmp_path / "only_on_the_server"
+    with hook.job_session() as spark:
+        spark.sql(f"CREATE TABLE default.only_on_connect (id INT) USING delta LOCATION '{location}'")
+    try:
+        assert hook.table_location("default.only_on_connect").rstrip("/").endswith(str(location))
+        with pytest.raises(TableNotFoundError):
+            hook.table_location("default.no_such_table_on_connect")
+    finally:
+        with hook.job_session() as spark:
+            spark.sql("DROP TABLE IF EXISTS default.only_on_connect")

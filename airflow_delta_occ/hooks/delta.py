@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import threading
 import uuid
@@ -241,15 +242,35 @@ class DeltaSparkHook(BaseHook):
         from airflow_delta_occ.engine.errors import TableNotFoundError
         from airflow_delta_occ.engine.sql_parser import render_identifier
 
-        quoted = ".".join(render_identifier(part) for part in name.split("."))
-        with self.job_session() as spark:
-            try:
-                row = spark.sql(f"DESCRIBE DETAIL {quoted}").collect()[0]
-            except Exception as exc:  # AnalysisException (classic or Connect): no such table
-                raise TableNotFoundError(name, str(exc).strip().splitlines()[0]) from exc
+        if self.mode == "spark-submit":  # the cluster's catalog, through the runner on the cluster
+            row = self._describe_on_cluster(name)
+            if "error" in row:
+                raise TableNotFoundError(name, row["error"])
+        else:
+            quoted = ".".join(render_identifier(part) for part in name.split("."))
+            with self.job_session() as spark:
+                try:
+                    row = spark.sql(f"DESCRIBE DETAIL {quoted}").collect()[0]
+                except Exception as exc:  # AnalysisException (classic or Connect): no such table
+                    raise TableNotFoundError(name, str(exc).strip().splitlines()[0]) from exc
         if str(row["format"]).lower() != "delta":
             raise TableNotFoundError(name, f"the catalog table is {row['format']}, not Delta")
         return str(row["location"])
+
+    def _describe_on_cluster(self, name: str) -> dict[str, str]:
+        """The runner's ``--describe-table`` line, submitted like a job (``{"error": ...}`` when missing)."""
+        from airflow_delta_occ.spark import runner
+        from airflow_delta_occ.spark.session import delta_submit_conf
+
+        hook = _submit_hook_class()(
+            conn_id=self.extras.get("spark_conn_id", "spark_default"), application=runner.__file__,
+            application_args=["--describe-table", name], conf=self._conf_with_storage(delta_submit_conf()),
+            name=f"delta-occ-describe-{name}")
+        hook.submit(hook.application)
+        table: dict[str, str] | None = hook.table
+        if table is None:
+            raise DeltaJobError(f"spark-submit finished without the runner's table line for {name!r}")
+        return table
 
     # -- running ----------------------------------------------------------------------------------
     def run(self, spec: JobSpec) -> JobResult:
@@ -451,7 +472,7 @@ def _submit_hook_class() -> Any:
     # Built lazily: importing this module must not need the Spark provider.
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
-    from airflow_delta_occ.spark.runner import RESULT_PREFIX
+    from airflow_delta_occ.spark.runner import RESULT_PREFIX, TABLE_PREFIX
 
     class ResultCapturingSubmitHook(SparkSubmitHook):
         """Reads the runner's result line and classifies conflicts from *every* driver output line.
@@ -465,6 +486,7 @@ def _submit_hook_class() -> Any:
             self.application = application
             self.result: JobResult | None = None
             self.conflict: ConflictKind | None = None
+            self.table: dict[str, str] | None = None
 
         def _process_spark_submit_log(self, itr: Iterable[str]) -> None:
             # Each line reaches the base hook (and the task log) as the driver prints it.
@@ -476,6 +498,8 @@ def _submit_hook_class() -> Any:
                 line = raw.strip()
                 if line.startswith(RESULT_PREFIX):
                     self.result = JobResult.from_json(line[len(RESULT_PREFIX):])
+                elif line.startswith(TABLE_PREFIX):
+                    self.table = {str(k): str(v) for k, v in json.loads(line[len(TABLE_PREFIX):]).items()}
                 elif self.conflict is None:
                     self.conflict = classify_conflict(line)
                 yield raw

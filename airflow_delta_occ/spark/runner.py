@@ -45,6 +45,8 @@ from airflow_delta_occ.spark import errors as spark_errors
 from airflow_delta_occ.spark.session import INHERITED_CONNECT_ENV
 
 RESULT_PREFIX = "DELTA_OCC_RESULT "
+TABLE_PREFIX = "DELTA_OCC_TABLE "
+"""The line ``--describe-table`` prints: JSON ``{"location", "format"}`` or ``{"error"}``."""
 EXIT_CODES = {JobStatus.SUCCESS: 0, JobStatus.ERROR: 1, JobStatus.CONFLICT: 75, JobStatus.SKIPPED: 76,
               JobStatus.REJECTED: 65}
 BAD_SPEC_EXIT_CODE = 64
@@ -308,9 +310,12 @@ def main(argv: list[str] | None = None) -> int:
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--spec-file")
     group.add_argument("--spec-json")
+    group.add_argument("--describe-table", help="print where a catalog table of this cluster lives (table_name=)")
     parser.add_argument("--local", action="store_true", help="start a local Delta session (tests, laptops)")
     args = parser.parse_args(argv)
     _log_to_driver_output()
+    if args.describe_table:
+        return _describe_table(args.describe_table)
     try:
         text = args.spec_json if args.spec_json else open(args.spec_file, encoding="utf-8").read()
         spec = JobSpec.from_json(text)
@@ -333,6 +338,29 @@ def main(argv: list[str] | None = None) -> int:
     result = run_job(spark, spec)
     print(RESULT_PREFIX + result.to_json(), flush=True)
     return EXIT_CODES[result.status]
+
+
+def _describe_table(name: str) -> int:
+    """Look ``name`` up in the catalog of the cluster the driver runs on and print one ``TABLE_PREFIX`` line.
+
+    ``table_name=`` in spark-submit mode must resolve where the jobs run, not in a Spark on the worker.
+    """
+    import json
+
+    from pyspark.sql import SparkSession
+
+    from airflow_delta_occ.engine.sql_parser import render_identifier
+
+    _forget_inherited_connect_client()
+    spark = SparkSession.builder.getOrCreate()
+    quoted = ".".join(render_identifier(part) for part in name.split("."))
+    try:
+        row = spark.sql(f"DESCRIBE DETAIL {quoted}").collect()[0]
+        line = {"location": str(row["location"]), "format": str(row["format"])}
+    except Exception as exc:  # AnalysisException: no such table
+        line = {"error": (str(exc).strip().splitlines() or [type(exc).__name__])[0]}
+    print(TABLE_PREFIX + json.dumps(line), flush=True)
+    return 0
 
 
 if __name__ == "__main__":

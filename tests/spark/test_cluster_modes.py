@@ -195,3 +195,14 @@ def test_connect_table_name_is_looked_up_in_the_servers_catalog(request: pytest.
     finally:
         with hook.job_session() as spark:
             spark.sql("DROP TABLE IF EXISTS default.only_on_connect")
+
+
+def test_spark_submit_table_name_is_looked_up_on_the_cluster(request: pytest.FixtureRequest, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """``table_name=`` in spark-submit mode resolves through the runner on the cluster (``--describe-table``),
+    not in a Spark on the worker: a table this process's catalog does not know is missing there."""
+    from airflow_delta_occ.engine.errors import TableNotFoundError
+
+    hook = DeltaSparkHook(_delta_conn("spark-submit", request, monkeypatch))
+    with pytest.raises(TableNotFoundError, match="no_such_table_on_the_cluster"):
+        hook.table_location("default.no_such_table_on_the_cluster")

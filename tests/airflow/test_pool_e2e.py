@@ -8,7 +8,9 @@ commit (the test gate); the lease store is a real PostgreSQL. What is asserted c
 parts recorded: Airflow's task instances (sampled while the runs go, and at the end) and XComs, the
 lease store's audit, and the Delta log.
 
-1. ``delta_occ_e2e_pooled``: ``merge_p1``'s commit is held for HOLD_SECONDS while it holds its lease.
+1. ``delta_occ_e2e_pooled``: ``merge_p1``'s commit is held for HOLD_SECONDS while it holds its lease
+   (and until ``update_p1``, which asks only once merge_p1 holds, waits behind it and a disjoint
+   writer holds a lease alongside, capped).
    No task fails, Delta raises no conflict, writers that can conflict never hold leases (and never
    commit) at the same time, disjoint writers do, the waiting ones were deferred, the table is the
    expected one.
@@ -155,17 +157,23 @@ def _commits_of(table: str, task_id: str) -> list[dict[str, Any]]:
             or (task_id == "set_properties" and "e2e_set_properties" in c["meta"])]
 
 
-def _hold_merge(gate: Path, name: str, table: str, log: dict[str, float], *, until_update: bool) -> None:
-    """Release the held commit ``name`` HOLD_SECONDS after it was held, or (``until_update``) once
-    ``update_p1`` has committed."""
+def _wait_until_held(gate: Path, name: str) -> bool:
+    """Whether the commit ``name`` reached the gate (and is held there) within RUN_TIMEOUT."""
     deadline = time.monotonic() + RUN_TIMEOUT
     while not (gate / f"{name}.reached").exists():
         if time.monotonic() > deadline:
-            return
+            return False
         time.sleep(0.1)
+    return True
+
+
+def _hold_until_update(gate: Path, name: str, table: str, log: dict[str, Any]) -> None:
+    """Release the held commit ``name`` once ``update_p1`` has committed."""
+    if not _wait_until_held(gate, name):
+        return
     log["held"] = time.time()
-    until = time.monotonic() + (RUN_TIMEOUT if until_update else HOLD_SECONDS)
-    while time.monotonic() < until and not (until_update and _commits_of(table, "update_p1")):
+    until = time.monotonic() + RUN_TIMEOUT
+    while time.monotonic() < until and not _commits_of(table, "update_p1"):
         time.sleep(0.2)
     log["released"] = time.time()
     (gate / f"{name}.release").touch()
@@ -280,12 +288,38 @@ def _windows(events: list[AuditEvent]) -> dict[str, tuple[float, float]]:
     return windows
 
 
+def _hold_pooled_merge(gate: Path, store: SqlLeaseStore, log: dict[str, Any]) -> None:
+    """Hold ``merge_p1``'s commit (its lease held) for at least HOLD_SECONDS, and until ``update_p1``
+    waits behind it and a writer of another partition holds a lease at the same time.
+
+    Waiting for those two is what makes the run deterministic, not what makes it pass: if the pool
+    serialized disjoint writers, none would be granted while merge_p1 holds, the hold would end at its
+    cap and the overlap assertion would fail.
+    """
+    disjoint = {w for w in WRITERS if frozenset(("merge_p1", w)) not in CONFLICTING}
+    name = f"{POOLED}.merge_p1"
+    if not _wait_until_held(gate, name):
+        return
+    log["held"] = time.time()
+    minimum, cap = time.monotonic() + HOLD_SECONDS, time.monotonic() + RUN_TIMEOUT / 3
+    alongside: set[str] = set()
+    waiting = False
+    while time.monotonic() < cap:
+        alongside |= {_task(r.owner) for r in store.holders(pool="e2e")} & disjoint
+        waiting = waiting or any("/update_p1/" in r.owner for r in store.waiters(pool="e2e"))
+        if time.monotonic() >= minimum and waiting and alongside:
+            break
+        time.sleep(0.2)
+    log.update(released=time.time(), alongside=sorted(alongside), update_p1_waited=waiting)
+    (gate / f"{name}.release").touch()
+
+
 @pytest.fixture(scope="module")
 def pooled(airflow: dict[str, Any]) -> dict[str, Any]:
     table = str(airflow["lake"] / "pooled")
 
-    def watch(log: dict[str, float]) -> None:
-        _hold_merge(airflow["gate"], f"{POOLED}.merge_p1", table, log, until_update=False)
+    def watch(log: dict[str, Any]) -> None:
+        _hold_pooled_merge(airflow["gate"], airflow["store"], log)
 
     result = airflow["run"](POOLED, watch)
     events = _audit(airflow["store"], "e2e")
@@ -366,8 +400,8 @@ def test_pooled_run_left_no_lease_behind(airflow: dict[str, Any], pooled: dict[s
 def naive(airflow: dict[str, Any], pooled: dict[str, Any]) -> dict[str, Any]:
     table = str(airflow["lake"] / "naive")
 
-    def watch(log: dict[str, float]) -> None:
-        _hold_merge(airflow["gate"], f"{NAIVE}.merge_p1", table, log, until_update=True)
+    def watch(log: dict[str, Any]) -> None:
+        _hold_until_update(airflow["gate"], f"{NAIVE}.merge_p1", table, log)
 
     return {**airflow["run"](NAIVE, watch), "table": table}
 

@@ -80,6 +80,18 @@ def _merge(task_id: str, table: str, p: int, pool: str | None, cls: type[DeltaMe
                clauses=[{"kind": "matched_update", "set": {"m": "s.m"}}], **kwargs)
 
 
+def _wait_for_holder(pool: str, task_id: str, **kwargs: Any) -> Any:
+    """A task that ends once ``task_id`` of this run holds a lease in ``pool``."""
+
+    @task(task_id=f"wait_for_{task_id}_lease", **kwargs)
+    def wait() -> None:
+        with DeltaLeaseStoreHook().get_store() as store:
+            while not any(f"/{task_id}/" in r.owner for r in store.holders(pool=pool)):
+                time.sleep(0.5)
+
+    return wait()
+
+
 def writers(dag_id: str, pool: str | None) -> DAG:
     """The eight writers on ``ROOT/<name>``; in ``pool`` when given."""
     name = dag_id.rsplit("_", 1)[-1]
@@ -89,8 +101,12 @@ def writers(dag_id: str, pool: str | None) -> DAG:
     with DAG(dag_id=dag_id, schedule=None, start_date=START, catchup=False, max_active_tasks=8,
              tags=["delta", "test"], doc_md=__doc__) as dag:
         _merge("merge_p1", table, 1, pool, HeldMerge, **first)
-        DeltaUpdateOperator(task_id="update_p1", table=table, partitions={"p": 1}, set={"u": "'updated'"},
-                            where="id >= 1050", conflict_pool=pool, **first)
+        update_p1 = DeltaUpdateOperator(task_id="update_p1", table=table, partitions={"p": 1},
+                                        set={"u": "'updated'"}, where="id >= 1050", conflict_pool=pool, **first)
+        if pool is not None:
+            # Pooled: update_p1 asks once merge_p1 holds partition 1, so the held commit is merge_p1's
+            # lease (the test watches disjoint writers run meanwhile) and update_p1 is the one that waits.
+            _wait_for_holder(pool, "merge_p1", **first) >> update_p1
         _merge("merge_p2", table, 2, pool)
         DeltaOptimizeOperator(task_id="optimize_p2", table=table, partitions={"p": 2}, conflict_pool=pool)
         DeltaUpdateOperator(task_id="update_p3", table=table, partitions={"p": 3}, set={"u": "'updated'"},
@@ -130,13 +146,7 @@ with DAG(dag_id="delta_occ_e2e_kill", schedule=None, start_date=START, catchup=F
     table = str(ROOT / "kill")
     held = _merge("held_writer", table, 1, KILL_POOL, HeldMerge, retries=0)
 
-    @task(task_id="wait_for_the_held_lease")
-    def wait_for_the_held_lease() -> None:
-        """``next_writer`` must ask after ``held_writer`` holds its lease (else it might go first)."""
-        with DeltaLeaseStoreHook().get_store() as store:
-            while not any("/held_writer/" in r.owner for r in store.holders(pool=KILL_POOL)):
-                time.sleep(0.5)
-
     nxt = DeltaUpdateOperator(task_id="next_writer", table=table, partitions={"p": 1}, set={"u": "'updated'"},
                               where="id >= 1050", conflict_pool=KILL_POOL, retries=0)
-    wait_for_the_held_lease() >> nxt
+    # next_writer must ask after held_writer holds its lease (else it might go first).
+    _wait_for_holder(KILL_POOL, "held_writer") >> nxt

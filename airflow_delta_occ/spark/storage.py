@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -30,13 +31,13 @@ from airflow_delta_occ.engine.object_store import (
     parse_table_uri,
     store_scheme,
 )
-from airflow_delta_occ.exceptions import UnsafeLogStoreError
+from airflow_delta_occ.exceptions import ProviderConfigError, UnsafeLogStoreError
 
 HADOOP_PREFIX = "spark.hadoop."
 S3A_FILESYSTEM = "org.apache.hadoop.fs.s3a.S3AFileSystem"
-SINGLE_DRIVER_LOG_STORES = frozenset({"io.delta.storage.S3SingleDriverLogStore",
-                                      "org.apache.spark.sql.delta.storage.S3SingleDriverLogStore"})
 MULTI_DRIVER_LOG_STORE = "io.delta.storage.S3DynamoDBLogStore"
+#: The S3 LogStores that keep commits exclusive across Spark drivers (put-if-absent through DynamoDB).
+MULTI_DRIVER_LOG_STORES = frozenset({MULTI_DRIVER_LOG_STORE})
 REDACTION_CONF = "spark.redaction.regex"
 # Spark's default pattern, plus ABFS account keys.
 REDACTION_REGEX = "(?i)secret|password|token|access[.]?key|account[.]key"
@@ -74,7 +75,8 @@ def hadoop_version() -> str:
 
     jars = glob.glob(os.path.join(os.path.dirname(pyspark.__file__), "jars", "hadoop-client-api-*.jar"))
     if not jars:
-        raise UnsafeLogStoreError("cannot tell the Hadoop version of the installed pyspark (no hadoop-client-api jar)")
+        raise ProviderConfigError("cannot tell the Hadoop version of the installed pyspark (no hadoop-client-api "
+                                  "jar), which the object-store connector jars must match")
     return os.path.basename(jars[0])[len("hadoop-client-api-"):-len(".jar")]
 
 
@@ -149,7 +151,8 @@ def _s3a(creds: S3Credentials) -> dict[str, str]:
 
 
 def _abfs(location: TableLocation, creds: AzureCredentials) -> dict[str, str]:
-    host = f"{location.authority}.dfs.core.windows.net"
+    # ABFS reads its per-account keys under the endpoint host the URI names (a sovereign cloud's too).
+    host = location.host or f"{location.authority}.dfs.core.windows.net"
     if creds.client_id is not None:
         return {f"fs.azure.account.auth.type.{host}": "OAuth",
                 f"fs.azure.account.oauth.provider.type.{host}":
@@ -179,14 +182,30 @@ def _gcs(creds: GcsCredentials) -> dict[str, str]:
 
 
 def log_store_for(scheme: str, spark_conf: Mapping[str, str]) -> str | None:
-    """The LogStore class ``spark_conf`` configures for ``scheme``, the way delta-spark looks it up
-    (``spark.delta.logStore.<scheme>.impl``, then ``spark.delta.logStore.class``), or ``None`` for
-    delta-spark's default."""
-    for key in (f"spark.delta.logStore.{scheme}.impl", f"spark.hadoop.delta.logStore.{scheme}.impl",
-                "spark.delta.logStore.class", "spark.hadoop.delta.logStore.class"):
-        if spark_conf.get(key):
-            return spark_conf[key].strip()
-    return None
+    """The LogStore class ``spark_conf`` gives tables on ``scheme``, read as delta-spark reads it, or
+    ``None`` for delta-spark's default (``S3SingleDriverLogStore`` on S3).
+
+    delta-spark takes each key with or without the ``spark.`` prefix (never under ``spark.hadoop.``)
+    and ``delta.logStore.class`` for every scheme in place of the per-scheme keys. It refuses a class
+    key next to any per-scheme key, and a key set both ways with two values; so does this function,
+    before a job starts, rather than judge a configuration Delta would not run.
+
+    Raises:
+        ProviderConfigError: a configuration delta-spark refuses.
+    """
+    def value(key: str) -> str | None:
+        prefixed, bare = spark_conf.get(key), spark_conf.get(key.removeprefix("spark."))
+        if prefixed is not None and bare is not None and prefixed != bare:
+            raise ProviderConfigError(f"spark_conf sets {key}={prefixed!r} and {key.removeprefix('spark.')}={bare!r}; "
+                                      "delta-spark refuses two values for one LogStore setting")
+        return prefixed if prefixed is not None else bare
+
+    classes = value("spark.delta.logStore.class")
+    per_scheme = sorted(k for k in spark_conf if re.fullmatch(r"(spark\.)?delta\.logStore\.[^.]+\.impl", k))
+    if classes is not None and per_scheme:
+        raise ProviderConfigError(f"spark_conf sets delta.logStore.class and {', '.join(per_scheme)}; delta-spark "
+                                  "refuses a LogStore class next to per-scheme LogStores: keep one")
+    return classes if classes is not None else value(f"spark.delta.logStore.{scheme}.impl")
 
 
 def unsafe_s3_commit(table_uri: str, mode: str, spark_conf: Mapping[str, str]) -> str | None:
@@ -194,20 +213,26 @@ def unsafe_s3_commit(table_uri: str, mode: str, spark_conf: Mapping[str, str]) -
 
     Only S3 lacks put-if-absent among the stores Delta supports. Spark Connect runs every job in
     the server's one driver, where ``S3SingleDriverLogStore`` locks per table; embedded and
-    spark-submit jobs each start a driver of their own.
+    spark-submit jobs each start a driver of their own, so they need a LogStore known to coordinate
+    drivers (``MULTI_DRIVER_LOG_STORES``). Any other class, including a misspelt one, counts as unsafe:
+    an allowlist fails closed.
+
+    Raises:
+        ProviderConfigError: a LogStore configuration delta-spark refuses (see ``log_store_for``).
     """
     scheme = store_scheme(table_uri)
     if scheme is None or parse_table_uri(table_uri).kind is not StoreKind.S3 or mode == "connect":
         return None
     store = log_store_for(scheme, spark_conf)
-    if store is not None and store not in SINGLE_DRIVER_LOG_STORES:
+    if store in MULTI_DRIVER_LOG_STORES:
         return None
     return (f"{table_uri} is on S3 and {mode} mode starts a Spark driver per job, but the LogStore for {scheme}:// is "
-            f"{store or 'delta-spark default S3SingleDriverLogStore'}, which keeps commits exclusive only inside one "
-            "driver: two jobs committing the same version would both succeed and one commit would be lost. Configure "
-            f"spark.delta.logStore.{scheme}.impl={MULTI_DRIVER_LOG_STORE} (with io.delta:delta-storage-s3-dynamodb) "
-            "in the delta_occ connection's spark_conf, run the jobs through one Spark Connect server, or, if only one "
-            "job ever writes this table at a time, set [delta_occ] unsafe_s3_commits = warn")
+            f"{store or 'delta-spark default S3SingleDriverLogStore'}, which is not known to keep commits exclusive "
+            "across drivers: two jobs committing the same version could both succeed and one commit would be lost. "
+            f"Configure spark.delta.logStore.{scheme}.impl={MULTI_DRIVER_LOG_STORE} (with "
+            "io.delta:delta-storage-s3-dynamodb) in the delta_occ connection's spark_conf, run the jobs through one "
+            "Spark Connect server, or, if only one job ever writes this table at a time, set [delta_occ] "
+            "unsafe_s3_commits = warn")
 
 
 def check_s3_commits(table_uri: str, mode: str, spark_conf: Mapping[str, str], policy: UnsafeS3Commits) -> str | None:

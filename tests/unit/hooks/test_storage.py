@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from airflow_delta_occ.engine import AzureCredentials, GcsCredentials, S3Credentials
-from airflow_delta_occ.exceptions import StorageConnectionError, UnsafeLogStoreError
+from airflow_delta_occ.exceptions import ProviderConfigError, StorageConnectionError, UnsafeLogStoreError
 from airflow_delta_occ.hooks.delta import DeltaSparkHook
 from airflow_delta_occ.hooks.storage import credentials_for, credentials_from_fields, storage_credentials
 from airflow_delta_occ.spark.storage import (
@@ -50,6 +50,27 @@ def test_unusable_aws_settings_are_refused(monkeypatch: pytest.MonkeyPatch, extr
     _conn(monkeypatch, "bad_s3", conn_type="aws", login="AKIA", password="SECRET", extra=extra)
     with pytest.raises(StorageConnectionError, match=f"'bad_s3'.*{message}"):
         storage_credentials("bad_s3")
+
+
+def test_the_s3_service_endpoint_wins_over_the_connection_wide_one() -> None:
+    creds = credentials_from_fields("aws", login=None, password=None, host=None, extra={
+        "endpoint_url": "https://sts.internal", "service_config": {"s3": {"endpoint_url": "https://s3.internal"}}})
+    assert isinstance(creds, S3Credentials) and creds.endpoint == "https://s3.internal"
+
+
+@pytest.mark.parametrize(("conn_type", "extra"), [
+    ("wasb", {"connection_string": "DefaultEndpointsProtocol=https;AccountName=a;AccountKey=k"}),
+    ("wasb", {"shared_access_key": "k"}),
+    ("adls", {"managed_identity_client_id": "mi"}),
+    ("google_cloud_platform", {"keyfile_dict": '{"type": "service_account"}'}),
+    ("google_cloud_platform", {"extra__google_cloud_platform__key_secret_name": "sa-key"}),
+    ("google_cloud_platform", {"impersonation_chain": "sa@p.iam.gserviceaccount.com"}),
+    ("aws", {"assume_role_method": "assume_role"}),
+])
+def test_ways_of_authenticating_the_job_would_not_use_are_refused(conn_type: str, extra: dict[str, Any]) -> None:
+    # Ignoring them would read and write the table as the workers' default identity, without a word.
+    with pytest.raises(StorageConnectionError, match="is not supported for Delta tables"):
+        credentials_from_fields(conn_type, login="acct", password="x", host="acct", extra=extra)
 
 
 def test_missing_or_foreign_connections_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -137,6 +158,13 @@ def test_local_jobs_need_no_storage_settings_even_with_a_platform_connection() -
     # The setting names the scheme: a DynamoDB store for s3a:// does not cover s3://.
     ("s3://lake/t", "embedded", {"spark.delta.logStore.s3a.impl": MULTI_DRIVER_LOG_STORE}, True),
     ("s3://lake/t", "embedded", {"spark.delta.logStore.class": MULTI_DRIVER_LOG_STORE}, False),
+    # delta-spark reads the keys without the spark. prefix too, and never under spark.hadoop.
+    ("s3a://lake/t", "embedded", {"delta.logStore.s3a.impl": MULTI_DRIVER_LOG_STORE}, False),
+    ("s3a://lake/t", "embedded", {"delta.logStore.class": MULTI_DRIVER_LOG_STORE}, False),
+    ("s3a://lake/t", "embedded", {"spark.hadoop.delta.logStore.s3a.impl": MULTI_DRIVER_LOG_STORE}, True),
+    # An allowlist: a store not known to coordinate drivers (here a misspelling) is unsafe.
+    ("s3a://lake/t", "embedded", {"spark.delta.logStore.s3a.impl": "io.delta.storage.S3DynamoDbLogStore"}, True),
+    ("s3a://lake/t", "embedded", {"spark.delta.logStore.s3a.impl": "io.delta.storage.HDFSLogStore"}, True),
     ("s3a://lake/t", "connect", {}, False),
     ("abfss://c@a.dfs.core.windows.net/t", "embedded", {}, False),
     ("gs://b/t", "spark-submit", {}, False),
@@ -144,6 +172,16 @@ def test_local_jobs_need_no_storage_settings_even_with_a_platform_connection() -
 ])
 def test_s3_commits_that_could_be_lost_are_named(uri: str, mode: str, conf: dict[str, str], unsafe: bool) -> None:
     assert (unsafe_s3_commit(uri, mode, conf) is not None) == unsafe
+
+
+@pytest.mark.parametrize("conf", [
+    {"spark.delta.logStore.class": MULTI_DRIVER_LOG_STORE, "spark.delta.logStore.gs.impl": "x.GcsStore"},
+    {"delta.logStore.class": MULTI_DRIVER_LOG_STORE, "spark.delta.logStore.s3a.impl": MULTI_DRIVER_LOG_STORE},
+    {"spark.delta.logStore.s3a.impl": MULTI_DRIVER_LOG_STORE, "delta.logStore.s3a.impl": "io.delta.storage.Other"},
+])
+def test_log_store_settings_delta_refuses_are_refused_first(conf: dict[str, str]) -> None:
+    with pytest.raises(ProviderConfigError, match="delta-spark refuses"):
+        unsafe_s3_commit("s3a://lake/t", "embedded", conf)
 
 
 def test_unsafe_s3_commits_are_refused_or_warned() -> None:

@@ -14,11 +14,12 @@ metadata, Application Default Credentials), as pyarrow and Hadoop do.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import UTC
 from enum import StrEnum
 from typing import Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import urlparse
 
 from .errors import StorageError, UnsupportedStorageError
 
@@ -119,14 +120,24 @@ StorageCredentials = S3Credentials | AzureCredentials | GcsCredentials
 
 @dataclass(frozen=True, slots=True)
 class TableLocation:
-    """A table URI taken apart: the store, its scheme as written, the account or host, the root path
-    inside the store (``bucket/key`` for S3 and GCS, ``container/path`` for Azure)."""
+    """A table URI taken apart: the store, its scheme as written, the account (Azure) or bucket or
+    host, the root path inside the store (``bucket/key`` for S3 and GCS, ``container/path`` for
+    Azure), and for Azure the endpoint host (``account.dfs.core.windows.net``, or a sovereign cloud's)."""
 
     uri: str
     kind: StoreKind
     scheme: str
     authority: str
     root: str
+    host: str = ""
+
+
+# Characters whose meaning differs between Hadoop's Path (which keeps them in the key, escaping
+# ``%``), Java's URI and the engine's URL parsing (query, fragment, percent-escape): a URI holding
+# one could name one object for Spark and another for the engine or a pool, so none is accepted.
+_AMBIGUOUS = frozenset("?#%")
+_AZURE_HOST = re.compile(r"(?P<account>[a-z0-9]+)\.dfs\.(?P<suffix>[a-z0-9.-]+[a-z0-9])(?::(?P<port>\d+))?")
+_BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def store_scheme(table_uri: str) -> str | None:
@@ -139,8 +150,14 @@ def store_scheme(table_uri: str) -> str | None:
 def parse_table_uri(table_uri: str) -> TableLocation:
     """Split an object-store URI into the parts pyarrow needs.
 
+    Only URIs that name the same object for Spark's Hadoop connector, pyarrow and a conflict pool are
+    accepted: no ``?``, ``#`` or ``%`` (see ``_AMBIGUOUS``), no ``.``/``..`` segments, no user info
+    (``key:secret@bucket`` would put a secret in every log line naming the table) except Azure's
+    ``container@account.dfs.<endpoint>``.
+
     Raises:
-        UnsupportedStorageError: an unknown scheme, or a URI without a bucket, container or account.
+        UnsupportedStorageError: an unknown scheme, one of the above, or a URI without a bucket,
+            container or account.
     """
     parsed = urlparse(table_uri)
     scheme = parsed.scheme.lower()
@@ -149,24 +166,38 @@ def parse_table_uri(table_uri: str) -> TableLocation:
         known = ", ".join(f"{s}://" for s in SCHEMES)
         raise UnsupportedStorageError(f"cannot read {table_uri!r}: the scheme {scheme!r} is not supported "
                                       f"(use a local path, file://, or one of {known})")
-    path = unquote(parsed.path).strip("/")
+    rest = table_uri[len(scheme) + 1:]
+    bad = sorted(_AMBIGUOUS.intersection(rest))
+    if bad:
+        raise UnsupportedStorageError(f"cannot read {table_uri!r}: it holds {' '.join(bad)}, which Spark's Hadoop "
+                                      "connector and the engine read differently (query, fragment, escape), so "
+                                      "they could name different objects; rename the path")
+    if not rest.startswith("//"):
+        raise UnsupportedStorageError(f"cannot read {table_uri!r}: expected {scheme}://<bucket or host>/<path>")
+    path = parsed.path.strip("/")
     if any(part in (".", "..") for part in path.split("/")):
         # Hadoop's Path resolves these and the object store does not: Spark would write one table
         # while the engine (and a conflict pool) looked at another name.
         raise UnsupportedStorageError(f"cannot read {table_uri!r}: '.' and '..' segments are ambiguous on object "
                                       "stores; give the table's own path")
     if kind is StoreKind.AZURE:
-        container, _, host = parsed.netloc.partition("@")
-        account = host.split(".", 1)[0]
-        if not container or not account:
+        container, at, host = parsed.netloc.partition("@")
+        match = _AZURE_HOST.fullmatch(host.lower())
+        if not at or not container or ":" in container or match is None:
             raise UnsupportedStorageError(f"cannot read {table_uri!r}: an {scheme}:// URI names "
-                                          "container@account.dfs.core.windows.net")
+                                          "container@account.dfs.core.windows.net (or a sovereign cloud's "
+                                          "dfs endpoint)")
         root = "/".join(p for p in (container, path) if p)
-        return TableLocation(table_uri, kind, scheme, account, root)
+        return TableLocation(table_uri, kind, scheme, match["account"], root, host.lower())
+    if "@" in parsed.netloc:
+        raise UnsupportedStorageError(f"cannot read {table_uri!r}: credentials do not belong in a table URI (they "
+                                      "would be logged with it); give them in the storage connection")
     if kind is StoreKind.HDFS:
         return TableLocation(table_uri, kind, scheme, parsed.netloc, "/" + path)
     if not parsed.netloc:
         raise UnsupportedStorageError(f"cannot read {table_uri!r}: the URI names no bucket")
+    if _BUCKET.fullmatch(parsed.netloc) is None:
+        raise UnsupportedStorageError(f"cannot read {table_uri!r}: {parsed.netloc!r} is not a bucket name")
     return TableLocation(table_uri, kind, scheme, parsed.netloc, "/".join(p for p in (parsed.netloc, path) if p))
 
 
@@ -210,9 +241,14 @@ def _azure(pafs: Any, location: TableLocation, creds: AzureCredentials) -> Any:
         raise UnsupportedStorageError(f"{location.uri} is in account {location.authority!r} but the credentials are "
                                       f"for account {creds.account_name!r}")
     scheme = "http" if location.scheme == "abfs" else "https"
+    # The endpoint the URI names (a sovereign cloud's, or an emulator's) rather than pyarrow's default
+    # public-cloud host: the engine reads the account Spark writes.
+    blob_host = location.host.replace(".dfs.", ".blob.", 1)
     return pafs.AzureFileSystem(location.authority, account_key=creds.account_key, sas_token=creds.sas_token,
                                 tenant_id=creds.tenant_id, client_id=creds.client_id,
-                                client_secret=creds.client_secret, dfs_storage_scheme=scheme)
+                                client_secret=creds.client_secret, dfs_storage_scheme=scheme,
+                                blob_storage_scheme=scheme, dfs_storage_authority=location.host or None,
+                                blob_storage_authority=blob_host or None)
 
 
 def _gcs(pafs: Any, creds: GcsCredentials) -> Any:

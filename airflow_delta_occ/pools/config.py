@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Literal
 
-from airflow_delta_occ.engine.object_store import CANONICAL_SCHEMES, SCHEMES
+from airflow_delta_occ.engine.object_store import CANONICAL_SCHEMES, SCHEMES, StoreKind
 from airflow_delta_occ.exceptions import PoolConfigError
 
 if TYPE_CHECKING:
@@ -111,6 +111,11 @@ def _normalize_uri(scheme: str, rest: str, text: str) -> str:
     if not rest.startswith("//"):
         raise ValueError(f"{text!r}: expected {scheme}://<authority>/<path>")
     authority, _, path = rest[2:].partition("/")
+    if "#" in rest or "%" in rest:
+        # The engine refuses these in table URIs (Hadoop and the engine would read different keys).
+        raise ValueError(f"{text!r} holds '#' or '%', which a table URI cannot hold")
+    if "@" in authority and SCHEMES.get(scheme) is not StoreKind.AZURE:
+        raise ValueError(f"{text!r} holds user info; credentials do not belong in a table URI")
     path = re.sub(r"/+", "/", path).strip("/")
     if any(part in (".", "..") for part in path.split("/")):
         raise ValueError(f"{text!r} holds '.' or '..' segments; give the table's own path")

@@ -23,7 +23,7 @@ from airflow_delta_occ.engine.storage import LocalStorage, PyArrowStorage, resol
     ("s3a://lake/sales", StoreKind.S3, "lake", "lake/sales"),
     ("s3://lake/db/sales/", StoreKind.S3, "lake", "lake/db/sales"),
     ("s3n://lake/sales", StoreKind.S3, "lake", "lake/sales"),
-    ("S3A://lake/a%20b", StoreKind.S3, "lake", "lake/a b"),
+    ("S3A://lake/a b", StoreKind.S3, "lake", "lake/a b"),
     ("abfss://data@acct.dfs.core.windows.net/sales", StoreKind.AZURE, "acct", "data/sales"),
     ("abfs://data@acct.dfs.core.windows.net/", StoreKind.AZURE, "acct", "data"),
     ("gs://bucket/sales", StoreKind.GCS, "bucket", "bucket/sales"),
@@ -33,6 +33,13 @@ def test_uris_map_to_their_store(uri: str, kind: StoreKind, authority: str, root
     location = parse_table_uri(uri)
     assert (location.kind, location.authority, location.root) == (kind, authority, root)
     assert store_scheme(uri) == uri.split(":")[0].lower()
+
+
+def test_azure_keeps_the_endpoint_the_uri_names() -> None:
+    public = parse_table_uri("abfss://data@acct.dfs.core.windows.net/t")
+    china = parse_table_uri("abfss://data@Acct.dfs.core.chinacloudapi.cn/t")
+    assert (public.authority, public.host) == ("acct", "acct.dfs.core.windows.net")
+    assert (china.authority, china.host) == ("acct", "acct.dfs.core.chinacloudapi.cn")
 
 
 @pytest.mark.parametrize("uri", ["/lake/sales", "file:///lake/sales", "sales", "ftp://host/sales", "C:/x"])
@@ -48,7 +55,21 @@ def test_local_and_unknown_schemes_are_not_stores(uri: str) -> None:
     # Spark (Hadoop's Path) would resolve these to another table than the one the engine reads.
     ("s3a://lake/sales/../hr", "'\\.\\.' segments"),
     ("s3a://lake/./sales", "segments are ambiguous"),
-    ("abfss://c@a.dfs.core.windows.net/x/%2E%2E/y", "segments are ambiguous"),
+    # Hadoop keeps these in the key ('%' escaped), the engine would read a query, a fragment or an
+    # escape: two names for one URI.
+    ("abfss://c@a.dfs.core.windows.net/x/%2E%2E/y", "holds %"),
+    ("s3a://lake/a%20b", "holds %"),
+    ("s3a://lake/sales?v=1", "holds \\?"),
+    ("gs://lake/sales#x", "holds #"),
+    # A secret in the URI would be logged with the table name.
+    ("s3a://AKIA:SECRET@lake/sales", "credentials do not belong"),
+    ("hdfs://user@namenode/x", "credentials do not belong"),
+    ("s3a://lake:9000/sales", "not a bucket name"),
+    # Azure: the container and the account's dfs endpoint, nothing else.
+    ("abfss://c:key@acct.dfs.core.windows.net/x", "container@account"),
+    ("abfss://c@acct.blob.core.windows.net/x", "container@account"),
+    ("abfss://c@evil.example/x", "container@account"),
+    ("s3a:lake/sales", "expected s3a://"),
 ])
 def test_malformed_or_unknown_uris_are_refused(uri: str, message: str) -> None:
     with pytest.raises(UnsupportedStorageError, match=message):

@@ -102,10 +102,21 @@ def credentials_from_fields(conn_type: str, *, login: str | None, password: str 
     if conn_type in ("wasb", "adls"):
         return _azure(conn_type, login, password, host, extra)
     if conn_type in ("google_cloud_platform", "gcpbigquery"):
+        _refuse(extra, conn_type, ("keyfile_dict", "key_secret_name", "credential_config_file",
+                                   "impersonation_chain"), "give key_path (a key file on the workers and the "
+                                                           "cluster), or nothing for Application Default Credentials")
         return GcsCredentials(keyfile_path=_text(extra, "key_path", "extra__google_cloud_platform__key_path"),
                               project_id=_text(extra, "project", "extra__google_cloud_platform__project"))
     raise StorageConnectionError(f"connection type {conn_type!r} holds no storage credentials the provider can use; "
                                  f"use one of {', '.join(STORAGE_CONN_TYPES)}")
+
+
+def _refuse(extra: Mapping[str, Any], conn_type: str, keys: tuple[str, ...], instead: str) -> None:
+    """Refuse a connection that sets a way of authenticating the provider does not hand to Spark:
+    ignoring it would read and write the table as another identity (the defaults) without a word."""
+    for key in keys:
+        if extra.get(key) or extra.get(f"extra__{conn_type}__{key}"):
+            raise StorageConnectionError(f"extra {key!r} is not supported for Delta tables; {instead}")
 
 
 def _text(extra: Mapping[str, Any], *keys: str) -> str | None:
@@ -119,11 +130,10 @@ def _text(extra: Mapping[str, Any], *keys: str) -> str | None:
 
 
 def _aws(login: str | None, password: str | None, extra: Mapping[str, Any]) -> S3Credentials:
-    for unsupported in ("role_arn", "assume_role_method", "profile_name"):
-        if extra.get(unsupported):
-            raise StorageConnectionError(f"extra {unsupported!r} is not supported for Delta tables; give access keys, "
-                                         "or leave them out to use the workers' and the cluster's default chain")
-    endpoint = _text(extra, "endpoint_url") or _text(_nested(extra, "service_config", "s3"), "endpoint_url")
+    _refuse(extra, "aws", ("role_arn", "assume_role_method", "profile_name"),
+            "give access keys, or leave them out to use the workers' and the cluster's default chain")
+    # As the Amazon provider does: the S3 service's own endpoint wins over the connection-wide one.
+    endpoint = _text(_nested(extra, "service_config", "s3"), "endpoint_url") or _text(extra, "endpoint_url")
     style = _text(_nested(extra, "config_kwargs", "s3"), "addressing_style")
     if style not in (None, "path", "virtual", "auto"):
         raise StorageConnectionError(f"config_kwargs.s3.addressing_style must be path, virtual or auto, got {style!r}")
@@ -142,6 +152,9 @@ def _nested(extra: Mapping[str, Any], *keys: str) -> Mapping[str, Any]:
 
 def _azure(conn_type: str, login: str | None, password: str | None, host: str | None,
            extra: Mapping[str, Any]) -> AzureCredentials:
+    _refuse(extra, conn_type, ("connection_string", "shared_access_key", "managed_identity_client_id",
+                               "workload_identity_tenant_id"),
+            "give the account key, a SAS token (extra sas_token) or a service principal (extra tenant_id)")
     tenant = _text(extra, "tenant_id", f"extra__{conn_type}__tenant_id")
     account = (host or None) if conn_type == "adls" or tenant else (login or None)
     if account is not None and "." in account:  # a host such as account.dfs.core.windows.net

@@ -91,7 +91,10 @@ class DeltaConflictSensor(BaseSensorOperator):
         writer's run time. Default: the pool's ``lease_ttl``.
     :param lease_conn_id: the ``delta_occ_leases`` connection of the lease store.
     :param storage_conn_id: the connection with the credentials of the table's object store (see the
-        operators); without it the store's default credential chain reads the log.
+        operators); default: the ``storage_conn_id`` extra of the ``delta_conn_id`` connection, as for
+        the writer the sensor guards; without either the store's default credential chain reads the log.
+    :param delta_conn_id: the ``delta_occ`` connection whose ``storage_conn_id`` extra applies when
+        ``storage_conn_id`` is not given (the operators' default connection unless set).
     :param poke_interval: seconds between the trigger's polls of the store.
     :param timeout: (``BaseSensorOperator``) seconds to wait for the grant; then the sensor fails (or
         skips with ``soft_fail``) after cancelling its request.
@@ -110,7 +113,8 @@ class DeltaConflictSensor(BaseSensorOperator):
                  partitions: Mapping[str, Any] | str | None = None, condition: str | None = None,
                  properties: Mapping[str, str] | None = None, lease_ttl: float | None = None,
                  lease_conn_id: str = DeltaLeaseStoreHook.default_conn_name, poke_interval: float = 5.0,
-                 storage_conn_id: str | None = None, **kwargs: Any) -> None:
+                 storage_conn_id: str | None = None, delta_conn_id: str | None = "delta_occ_default",
+                 **kwargs: Any) -> None:
         # Everything that does not need the table is checked when the DAG file is parsed.
         if not isinstance(table, str) or not table.strip():
             raise JobSpecError(f"table must be a non-empty path or URI, got {table!r}")
@@ -137,6 +141,7 @@ class DeltaConflictSensor(BaseSensorOperator):
         self.lease_ttl = float(lease_ttl) if lease_ttl is not None else None
         self.lease_conn_id = lease_conn_id
         self.storage_conn_id = storage_conn_id
+        self.delta_conn_id = delta_conn_id
 
     # -- the footprint ----------------------------------------------------------------------------
     def footprint(self, snapshot: Snapshot) -> Footprint:
@@ -168,11 +173,13 @@ class DeltaConflictSensor(BaseSensorOperator):
         """
         from airflow_delta_occ.engine import DeltaLog
         from airflow_delta_occ.engine.planner import TableState
-        from airflow_delta_occ.hooks.storage import credentials_for
+        from airflow_delta_occ.hooks.delta import DeltaSparkHook
         from airflow_delta_occ.pools.requests import LeaseRequest
 
         table = leasing.pooled_table(pool, self.table)
-        credentials = credentials_for(self.table, self.storage_conn_id)
+        # The same storage connection the guarded writer's hook resolves (its own, or the delta_occ one's).
+        hook = DeltaSparkHook(self.delta_conn_id, storage_conn_id=self.storage_conn_id)
+        credentials = hook.credentials_for(self.table)
         snapshot = DeltaLog.for_table(self.table, credentials=credentials).snapshot()
         return LeaseRequest.of(pool=pool.name, table=table, owner=owner, footprint=self.footprint(snapshot),
                                table_state=TableState.of(snapshot), model=pool.model, max_writers=pool.max_writers,

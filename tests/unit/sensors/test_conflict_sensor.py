@@ -303,3 +303,22 @@ def test_the_sensor_names_each_job_operation_as_the_operators_plan_it() -> None:
     from airflow_delta_occ.sensors.conflict import SENSOR_OPERATIONS
 
     assert {k: SENSOR_OPERATIONS[k] for k in ENGINE_OPERATIONS} == {k: v.value for k, v in ENGINE_OPERATIONS.items()}
+
+
+def test_the_storage_connection_defaults_to_the_delta_occ_connections(tmp_path: Path, store: SqlLeaseStore,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sensor reads an object-store table's log with the credentials its writer uses: its own
+    ``storage_conn_id``, else the ``delta_occ`` connection's (here neither exists, so the error names
+    the connection that was consulted, before anything is read or asked)."""
+    from airflow_delta_occ.exceptions import StorageConnectionError
+
+    path = tmp_path / "pools.toml"
+    path.write_text('[pools.lake]\ntables = ["s3://lake/sales"]\n')
+    monkeypatch.setenv("AIRFLOW__DELTA_OCC__POOL_FILE", str(path))
+    monkeypatch.setenv("AIRFLOW_CONN_DELTA_OCC_DEFAULT", json.dumps(
+        {"conn_type": "delta_occ", "extra": {"storage_conn_id": "platform_lake"}}))
+    with pytest.raises(StorageConnectionError, match="'platform_lake' does not exist"):
+        _sensor("s3a://lake/sales", conflict_pool="lake").execute(_context())
+    with pytest.raises(StorageConnectionError, match="'own_lake' does not exist"):
+        _sensor("s3a://lake/sales", conflict_pool="lake", storage_conn_id="own_lake").execute(_context())
+    assert store.records() == []

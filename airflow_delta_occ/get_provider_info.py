@@ -20,6 +20,7 @@ def get_provider_info() -> dict[str, Any]:
         "operators": [{"integration-name": "Delta Lake OCC", "python-modules": ["airflow_delta_occ.operators.delta"]}],
         "sensors": [{"integration-name": "Delta Lake OCC", "python-modules": ["airflow_delta_occ.sensors.conflict"]}],
         "triggers": [{"integration-name": "Delta Lake OCC", "python-modules": ["airflow_delta_occ.triggers.lease"]}],
+        "extra-links": ["airflow_delta_occ.operators.links.SparkUILink"],
         "hooks": [{"integration-name": "Delta Lake OCC",
                    "python-modules": ["airflow_delta_occ.hooks.delta", "airflow_delta_occ.hooks.leases"]}],
         "connection-types": [
@@ -50,6 +51,16 @@ def get_provider_info() -> dict[str, Any]:
                         "label": "Storage connection",
                         "description": "aws, wasb, adls or google_cloud_platform connection for tables on object "
                                        "storage",
+                        "schema": {"type": ["string", "null"]}},
+                    "spark_history_url": {
+                        "label": "Spark History Server URL",
+                        "description": "http(s) URL of the history server the jobs' event logs reach; the tasks' "
+                                       "Spark UI link then opens the job's application there",
+                        "schema": {"type": ["string", "null"]}},
+                    "spark_ui_url": {
+                        "label": "Spark UI URL",
+                        "description": "http(s) URL the Spark UI link opens when there is no history server "
+                                       "(default: the driver's own UI; a Connect server's at its host, port 4040)",
                         "schema": {"type": ["string", "null"]}},
                 },
             },

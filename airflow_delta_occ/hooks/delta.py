@@ -11,7 +11,9 @@ run in an embedded local Spark session, the default for a laptop or a single wor
   ``token=`` is refused: the token would sit unmasked in an extra);
 * ``master``: the embedded session's master (default ``local[2]``);
 * ``spark_conf``: Spark settings for every job of the connection;
-* ``storage_conn_id``: the connection of the tables' object store (see ``hooks/storage.py``).
+* ``storage_conn_id``: the connection of the tables' object store (see ``hooks/storage.py``);
+* ``spark_history_url``, ``spark_ui_url``: where the operators' Spark UI link points (see
+  ``DeltaSparkHook.spark_ui_link``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from airflow_delta_occ.jobs.result import JobResult
 from airflow_delta_occ.jobs.spec import JobSpec
 from airflow_delta_occ.retry.classify import ConflictKind, classify_conflict, conflict_failure
 from airflow_delta_occ.spark.session import CONNECT_MODE_FLAG
-from airflow_delta_occ.spark.storage import SparkStorageSettings
+from airflow_delta_occ.spark.storage import SECRET_CONF_ENV, SparkStorageSettings, is_secret_conf
 
 if TYPE_CHECKING:
     from airflow_delta_occ.engine.object_store import StorageCredentials
@@ -66,6 +68,12 @@ class DeltaSparkHook(BaseHook):
         # Object storage: the credentials the engine reads the table with are the job's too.
         self.storage_conn_id: str | None = storage_conn_id or extras.get("storage_conn_id") or None
         self._storage: SparkStorageSettings | None = None
+        for key in ("spark_history_url", "spark_ui_url"):
+            value = extras.get(key)
+            if value is not None and not str(value).lower().startswith(("http://", "https://")):
+                raise ProviderConfigError(f"connection {delta_conn_id!r}: {key} must be an http(s) URL, got {value!r}")
+        #: Where the last job's Spark UI is (``spark_ui_link``), for the operators' extra link.
+        self.spark_ui_url: str | None = None
 
     # -- object storage ---------------------------------------------------------------------------
     @functools.cached_property
@@ -284,6 +292,7 @@ class DeltaSparkHook(BaseHook):
             JobKilledError: ``on_kill`` stopped the job before it committed.
         """
         self._killed = False
+        self.spark_ui_url = self.spark_ui_link(None, None)
         try:
             if self.mode == "spark-submit":
                 result = self._submit(spec)
@@ -292,6 +301,7 @@ class DeltaSparkHook(BaseHook):
 
                 with self.job_session() as spark, self._tracked(spark):
                     result = JobResult.from_json(run_job(spark, spec).to_json())
+            self.spark_ui_url = self.spark_ui_link(result.spark_app_id, result.spark_ui_url)
             return result.raise_for_status()
         except Exception as exc:
             if not self._killed:
@@ -381,6 +391,32 @@ class DeltaSparkHook(BaseHook):
         if stopper.is_alive():
             self.log.warning("Spark did not confirm the %s job %s stopped within %s s", running.mode, running.tag,
                              KILL_TIMEOUT_SECONDS)
+
+    def spark_ui_link(self, app_id: str | None, live_url: str | None) -> str | None:
+        """Where a job's Spark UI is, best first: the connection's history server at the job's
+        application (``spark_history_url``: lasts after the driver is gone), else ``spark_ui_url``,
+        else the driver's live UI as it reported it (embedded and spark-submit: gone with the driver;
+        Connect: the server's), else, for Spark Connect, the server's host on Spark's default port.
+
+        Only http(s) URLs are returned: the link is rendered in the Airflow UI.
+        """
+        from urllib.parse import quote, urlparse
+
+        history = self.extras.get("spark_history_url")
+        if history and app_id:
+            return f"{str(history).rstrip('/')}/history/{quote(app_id, safe='')}/jobs/"
+        configured = self.extras.get("spark_ui_url")
+        if configured:
+            return str(configured)
+        if live_url and live_url.lower().startswith(("http://", "https://")):
+            return live_url
+        if self.mode == "connect":
+            try:
+                host = urlparse(_without_params(self.connect_url()).replace("sc://", "http://", 1)).hostname
+            except ProviderConfigError:
+                return None
+            return f"http://{host}:4040" if host else None
+        return None
 
     def _submit(self, spec: JobSpec) -> JobResult:
         from airflow_delta_occ.spark import runner
@@ -481,12 +517,28 @@ def _submit_hook_class() -> Any:
         would be lost there.
         """
 
-        def __init__(self, *, application: str, **kwargs: Any) -> None:
-            super().__init__(**kwargs)
+        def __init__(self, *, application: str, conf: Mapping[str, str] | None = None, **kwargs: Any) -> None:
+            conf = conf or {}
+            secrets = {k: v for k, v in conf.items() if is_secret_conf(k)}
+            super().__init__(conf={k: v for k, v in conf.items() if k not in secrets}, **kwargs)
             self.application = application
+            self.secret_env: dict[str, str] = {}
+            if secrets and self._connection["deploy_mode"] == "cluster":
+                # A driver on the cluster gets nothing from this process's environment: --conf is the
+                # only way there (the cluster's own credentials avoid it; see docs/object-storage.md).
+                self._conf = {**self._conf, **secrets}
+            elif secrets:
+                self.secret_env = {SECRET_CONF_ENV: json.dumps(secrets)}
             self.result: JobResult | None = None
             self.conflict: ConflictKind | None = None
             self.table: dict[str, str] | None = None
+
+        def submit(self, application: str = "", **kwargs: Any) -> str | None:
+            """Run spark-submit with the secret confs in its environment when the driver runs here."""
+            if self.secret_env:
+                kwargs.setdefault("env", {**os.environ, **self.secret_env})
+            result: str | None = super().submit(application, **kwargs)
+            return result
 
         def _process_spark_submit_log(self, itr: Iterable[str]) -> None:
             # Each line reaches the base hook (and the task log) as the driver prints it.

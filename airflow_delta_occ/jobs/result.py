@@ -71,6 +71,8 @@ class JobResult:
     refused: Mapping[str, Any] = field(default_factory=dict)   # fields of a refusal (rows outside...)
     confirmed: bool = False
     task_seconds: float | None = None
+    spark_app_id: str | None = None   # the Spark application the job ran in (for the Spark UI link)
+    spark_ui_url: str | None = None   # its driver's live UI, as the driver reports it (classic sessions)
 
     def __post_init__(self) -> None:
         # A JobResult crosses a process boundary in spark-submit mode: a value of the wrong type is a

@@ -54,6 +54,7 @@ from airflow_delta_occ.jobs.partitions import (
 )
 from airflow_delta_occ.jobs.result import JobResult
 from airflow_delta_occ.jobs.spec import JobSpec, MergeClause, RunIdentity, SourceRef, TableRef
+from airflow_delta_occ.operators.links import SparkUILink
 from airflow_delta_occ.retry.airflow import DeltaConflictRetryPolicy
 from airflow_delta_occ.retry.policy import layer_overrides
 
@@ -118,6 +119,7 @@ class DeltaBaseOperator(BaseOperator):
     # an UPDATE's ``set={"v": "s.sql"}`` (column ``sql`` of the source) would be read as a file.
     sql_file_fields: ClassVar[tuple[str, ...]] = ("merge_condition", "where", "source_query")
     ui_color = "#00add4"
+    operator_extra_links = (SparkUILink(),)
     operation = ""
 
     def __init__(self, *, table: str | None = None, table_name: str | None = None,

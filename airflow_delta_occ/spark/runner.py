@@ -43,6 +43,7 @@ from airflow_delta_occ.retry.classify import classify_conflict
 from airflow_delta_occ.retry.policy import RetryOutcome, policies_for, run_with_policies
 from airflow_delta_occ.spark import errors as spark_errors
 from airflow_delta_occ.spark.session import INHERITED_CONNECT_ENV
+from airflow_delta_occ.spark.storage import SECRET_CONF_ENV
 
 RESULT_PREFIX = "DELTA_OCC_RESULT "
 TABLE_PREFIX = "DELTA_OCC_TABLE "
@@ -193,11 +194,32 @@ def run_job(spark: Any, spec: JobSpec, *, sleep: Any = time.sleep) -> JobResult:
     except Exception as exc:  # every outcome of the job becomes a status (decoded by raise_for_status)
         fields = _failure(exc)
     conflicts = tuple(outcome.conflicts)
-    return JobResult(table=spec.target.label, operation=spec.operation, condition=spec.condition_sql,
+    app_id, ui_url = spark_application(spark)
+    return JobResult(spark_app_id=app_id, spark_ui_url=ui_url,
+                     table=spec.target.label, operation=spec.operation, condition=spec.condition_sql,
                      partition_filter=spec.partition_filter_sql, attempts=outcome.attempts, conflicts=conflicts,
                      run_seconds=round(time.monotonic() - started, 3),
                      wait_seconds=round(sum(c.delay for c in conflicts if c.action == "retry"), 3),
                      dropped_source_rows=progress["dropped_source_rows"], **fields)
+
+
+def spark_application(spark: Any) -> tuple[str | None, str | None]:
+    """The application id of the session's Spark driver and the URL of its UI, as the driver reports
+    them (over Spark Connect: the server's, read from its conf). Never raises: a link is not worth
+    failing a job for."""
+    try:
+        context = spark.sparkContext  # classic only: a Connect session raises here
+        return str(context.applicationId), (str(context.uiWebUrl) if context.uiWebUrl else None)
+    except Exception:
+        pass
+    try:
+        conf = spark.conf
+        app_id, host = conf.get("spark.app.id", None), conf.get("spark.driver.host", None)
+        ui_on = str(conf.get("spark.ui.enabled", "true")).lower() == "true"
+        url = f"http://{host}:{conf.get('spark.ui.port', '4040')}" if host and ui_on else None
+        return (str(app_id) if app_id else None), url
+    except Exception:
+        return None, None
 
 
 def _failure(exc: Exception) -> dict[str, Any]:
@@ -290,6 +312,20 @@ def _forget_inherited_connect_client() -> None:
         os.environ.pop(name, None)
 
 
+def _driver_session() -> Any:
+    """The session of the driver spark-submit started, with the secret confs the hook passed in the
+    environment (``SECRET_CONF_ENV``) rather than on the command line; the variable is dropped at once."""
+    import json
+
+    from pyspark.sql import SparkSession
+
+    _forget_inherited_connect_client()
+    builder = SparkSession.builder
+    for key, value in json.loads(os.environ.pop(SECRET_CONF_ENV, "") or "{}").items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
 def _log_to_driver_output() -> None:
     """Print the provider's log lines (every conflict and backoff) on the driver's stdout.
 
@@ -327,10 +363,7 @@ def main(argv: list[str] | None = None) -> int:
 
         spark = local_delta_session("airflow-delta-occ-runner")
     else:
-        from pyspark.sql import SparkSession
-
-        _forget_inherited_connect_client()
-        spark = SparkSession.builder.getOrCreate()
+        spark = _driver_session()
         try:  # conflicts arrive as delta.exceptions classes, as in the embedded session
             import delta.exceptions.captured  # noqa: F401
         except ImportError:
@@ -347,12 +380,9 @@ def _describe_table(name: str) -> int:
     """
     import json
 
-    from pyspark.sql import SparkSession
-
     from airflow_delta_occ.engine.sql_parser import render_identifier
 
-    _forget_inherited_connect_client()
-    spark = SparkSession.builder.getOrCreate()
+    spark = _driver_session()
     quoted = ".".join(render_identifier(part) for part in name.split("."))
     try:
         row = spark.sql(f"DESCRIBE DETAIL {quoted}").collect()[0]

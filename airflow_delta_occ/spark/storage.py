@@ -43,6 +43,17 @@ REDACTION_CONF = "spark.redaction.regex"
 REDACTION_REGEX = "(?i)secret|password|token|access[.]?key|account[.]key"
 
 
+#: The environment variable that carries secret confs to a spark-submit driver running on the worker
+#: (client mode), read by the runner when it builds its session: a command line is readable by every
+#: user of the machine (``ps``), a process's environment only by its own user.
+SECRET_CONF_ENV = "DELTA_OCC_SECRET_CONF"
+
+
+def is_secret_conf(key: str) -> bool:
+    """Whether a Spark conf key holds a secret (Spark's redaction pattern widened to ABFS keys)."""
+    return re.search(REDACTION_REGEX, key) is not None
+
+
 @dataclass(frozen=True)
 class SparkStorageSettings:
     """What a Spark job needs to reach a table's store: Hadoop keys (without the ``spark.hadoop.``

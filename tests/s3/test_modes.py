@@ -52,6 +52,7 @@ def test_merge_on_s3_in_a_remote_mode(mode: str, s3_spark: Any, s3_connection: s
         extra: dict[str, Any] = {"mode": mode, "spark_conn_id": "spark_s3"}
         # Its own driver: the default S3 LogStore could lose commits; this test is the only writer.
         monkeypatch.setenv("AIRFLOW__DELTA_OCC__UNSAFE_S3_COMMITS", "warn")
+        commands = _record_spark_submit_commands(monkeypatch)
     else:
         extra = {"mode": mode, "connect_url": request.getfixturevalue("s3_connect")["url"]}
     monkeypatch.setenv("AIRFLOW_CONN_DELTA_OCC_S3", json.dumps({"conn_type": "delta_occ", "extra": extra}))
@@ -60,3 +61,22 @@ def test_merge_on_s3_in_a_remote_mode(mode: str, s3_spark: Any, s3_connection: s
     assert DeltaLog.for_table(s3_path, credentials=storage_credentials(s3_connection)).latest_version() == \
         result["version"] == 2
     assert rows(s3_spark, s3_path) == [(1, 0, "DE"), (2, 7, "DE"), (3, 0, "FR"), (4, 0, "FR")]
+    if mode == "spark-submit":
+        # The driver reached the bucket with the secret key, which never was on a command line.
+        secret = storage_credentials(s3_connection).secret_key
+        assert commands and secret and not any(secret in " ".join(c) for c in commands), commands
+
+
+def _record_spark_submit_commands(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """Every command line spark-submit is started with (the real process still runs)."""
+    import subprocess
+
+    real, seen = subprocess.Popen, []
+
+    def popen(args: Any, *rest: Any, **kwargs: Any) -> Any:
+        if isinstance(args, list) and any("spark-submit" in str(a) for a in args[:1]):
+            seen.append([str(a) for a in args])
+        return real(args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    return seen

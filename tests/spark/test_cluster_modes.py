@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable
@@ -65,6 +66,16 @@ def test_example_dag_through_spark_connect(connect_server: dict[str, Any], tmp_p
                       for e in executions
                       if "MergeIntoCommand" in e["planDescription"] and str(table) in e["planDescription"]}
     assert len(merge_sessions) == 4, merge_sessions
+    # Each MERGE task's "Spark UI" link opens the server's UI, which names the application the jobs ran in.
+    with sqlite3.connect(tmp_path / "airflow" / "airflow.db") as db:
+        links = [json.loads(v) for (v,) in db.execute(
+            "SELECT value FROM xcom WHERE key = '_link_SparkUILink' AND task_id = 'merge_country'")]
+        results = [json.loads(v) for (v,) in db.execute(
+            "SELECT value FROM xcom WHERE key = 'return_value' AND task_id = 'merge_country'")]
+    assert len(links) == 4 and len(set(links)) == 1, links
+    assert links[0].endswith(f":{connect_server['ui']}"), links
+    assert {r["spark_app_id"] for r in results} == {app}
+    assert get_json(f"{links[0]}/api/v1/applications")[0]["id"] == app
 
 
 def _hook_runner(conn_id: str) -> Callable[[Any, JobSpec], JobResult]:

@@ -50,7 +50,7 @@ def test_the_form_lists_every_extra() -> None:
     widgets = ProvidersManager().connection_form_widgets
     fields = {k.removeprefix("extra__delta_occ__") for k in widgets if k.startswith("extra__delta_occ__")}
     assert fields == {"mode", "spark_conn_id", "spark_connect_conn_id", "connect_url", "master", "spark_conf",
-                      "storage_conn_id"}
+                      "storage_conn_id", "spark_history_url", "spark_ui_url"}
 
 
 def test_the_button_checks_java_for_embedded() -> None:

@@ -219,6 +219,27 @@ def test_submit_conf_joins_connector_jars_to_delta_and_the_users(monkeypatch: py
     assert conf["spark.hadoop.fs.s3a.endpoint"] == "http://127.0.0.1:9000"
 
 
+@pytest.mark.parametrize("deploy_mode", ["client", "cluster"])
+def test_secrets_stay_off_the_spark_submit_command_line_when_the_driver_runs_here(
+        monkeypatch: pytest.MonkeyPatch, deploy_mode: str) -> None:
+    """A command line is readable by every user of the worker (``ps``); a client-mode driver gets the
+    secret confs through its environment instead. A driver on the cluster has no other way."""
+    from airflow_delta_occ.hooks.delta import _submit_hook_class
+    from airflow_delta_occ.spark.storage import SECRET_CONF_ENV
+
+    _conn(monkeypatch, "cluster", conn_type="spark", host="yarn", extra={"deploy-mode": deploy_mode})
+    conf = {"spark.hadoop.fs.s3a.secret.key": "SECRET", "spark.hadoop.fs.azure.account.key.a.dfs.x": "KEY",
+            "spark.hadoop.fs.s3a.endpoint": "http://127.0.0.1:9000"}
+    hook = _submit_hook_class()(conn_id="cluster", application="runner.py", conf=conf, name="job")
+    command = " ".join(hook._build_spark_submit_command("runner.py"))
+    assert "spark.hadoop.fs.s3a.endpoint=http://127.0.0.1:9000" in command
+    if deploy_mode == "client":
+        assert "SECRET" not in command and "KEY" not in command
+        assert json.loads(hook.secret_env[SECRET_CONF_ENV]) == {k: v for k, v in conf.items() if "endpoint" not in k}
+    else:
+        assert "SECRET" in command and hook.secret_env == {}
+
+
 def test_every_secret_is_registered_with_the_log_masker(monkeypatch: pytest.MonkeyPatch) -> None:
     import airflow.sdk.log as sdk_log
 

@@ -208,12 +208,33 @@ def test_connect_table_name_is_looked_up_in_the_servers_catalog(request: pytest.
             spark.sql("DROP TABLE IF EXISTS default.only_on_connect")
 
 
-def test_spark_submit_table_name_is_looked_up_on_the_cluster(request: pytest.FixtureRequest, tmp_path: Path,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_spark_submit_table_name_is_looked_up_on_the_cluster(spark: Any, request: pytest.FixtureRequest,
+                                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``table_name=`` in spark-submit mode resolves through the runner on the cluster (``--describe-table``),
-    not in a Spark on the worker: a table this process's catalog does not know is missing there."""
-    from airflow_delta_occ.engine.errors import TableNotFoundError
+    not in a Spark on the worker: a table registered only in the cluster's metastore (a Hive metastore on
+    Derby that the jobs' drivers use, created by another application) is found there, though this
+    process's catalog does not know it; a missing one raises ``TableNotFoundError``."""
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
-    hook = DeltaSparkHook(_delta_conn("spark-submit", request, monkeypatch))
+    from airflow_delta_occ.engine.errors import TableNotFoundError
+    from airflow_delta_occ.spark.session import delta_submit_conf
+
+    conn_id = _delta_conn("spark-submit", request, monkeypatch)
+    metastore = {"spark.sql.catalogImplementation": "hive", "spark.sql.warehouse.dir": str(tmp_path / "warehouse"),
+                 "spark.hadoop.javax.jdo.option.ConnectionURL":
+                     f"jdbc:derby:;databaseName={tmp_path / 'metastore_db'};create=true"}
+    conn = json.loads(os.environ[f"AIRFLOW_CONN_{conn_id.upper()}"])
+    conn["extra"]["spark_conf"].update(metastore)
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(conn))
+    location = tmp_path / "only_on_the_cluster"
+    script = tmp_path / "register.py"
+    create = f"CREATE TABLE default.only_on_the_cluster (id INT) USING delta LOCATION '{location}'"
+    script.write_text(f"from pyspark.sql import SparkSession\nspark = SparkSession.builder.getOrCreate()\n"
+                      f"spark.sql({create!r})\nspark.stop()\n")
+    SparkSubmitHook(conn_id=conn["extra"]["spark_conn_id"], name="register-table", conf={
+        **delta_submit_conf(), **metastore, "spark.executor.memory": "1g", "spark.cores.max": "1"}).submit(str(script))
+    assert not spark.catalog.tableExists("default.only_on_the_cluster")  # this process's catalog
+    hook = DeltaSparkHook(conn_id)
+    assert hook.table_location("default.only_on_the_cluster").rstrip("/").endswith(str(location))
     with pytest.raises(TableNotFoundError, match="no_such_table_on_the_cluster"):
         hook.table_location("default.no_such_table_on_the_cluster")

@@ -187,6 +187,9 @@ class DeltaSparkHook(BaseHook):
         try:
             for key, value in self.storage.hadoop.items():  # session-level Hadoop settings on the server
                 spark.conf.set(key, value)
+            for key, value in self.spark_conf.items():  # OpenLineage parent job info, on the job's session
+                if key.startswith(OPENLINEAGE_CONF_PREFIX):
+                    spark.conf.set(key, value)
             yield spark
         finally:
             try:
@@ -470,6 +473,7 @@ def _without_params(url: str) -> str:
 
 
 INTERRUPT_ON_CANCEL = "spark.job.interruptOnCancel"
+OPENLINEAGE_CONF_PREFIX = "spark.openlineage."
 KILL_TIMEOUT_SECONDS = 60.0
 """How long ``on_kill`` waits for Spark to confirm the stop (the Task SDK's SIGKILL follows anyway)."""
 

@@ -54,6 +54,7 @@ from airflow_delta_occ.jobs.partitions import (
 )
 from airflow_delta_occ.jobs.result import JobResult
 from airflow_delta_occ.jobs.spec import JobSpec, MergeClause, RunIdentity, SourceRef, TableRef
+from airflow_delta_occ.operators.lineage import DeltaJobLineage, lineage_of, operator_lineage, schema_columns
 from airflow_delta_occ.operators.links import SparkUILink
 from airflow_delta_occ.retry.airflow import DeltaConflictRetryPolicy
 from airflow_delta_occ.retry.policy import layer_overrides
@@ -108,6 +109,11 @@ class DeltaBaseOperator(BaseOperator):
         ``aws``, ``wasb``, ``adls``, ``google_cloud_platform``), used both to read the table's log
         before Spark starts and by the Spark job; default: the ``delta_occ`` connection's
         ``storage_conn_id`` extra, else the stores' default credential chains.
+    :param openlineage_inject_parent_job_info: give the Spark job the OpenLineage parent job
+        properties (``spark.openlineage.parent*``), as ``SparkSubmitOperator`` does; default:
+        ``[openlineage] spark_inject_parent_job_info``.
+    :param openlineage_inject_transport_info: give it the OpenLineage transport too; default:
+        ``[openlineage] spark_inject_transport_info``.
     """
 
     template_fields: Sequence[str] = ("table", "table_name", "partitions")
@@ -129,7 +135,8 @@ class DeltaBaseOperator(BaseOperator):
                  delta_conn_id: str | None = DeltaSparkHook.default_conn_name,
                  spark_conf: Mapping[str, str] | None = None, idempotent: bool = True,
                  conflict_pool: str | None = None, lease_conn_id: str = DeltaLeaseStoreHook.default_conn_name,
-                 storage_conn_id: str | None = None, **kwargs: Any) -> None:
+                 storage_conn_id: str | None = None, openlineage_inject_parent_job_info: bool | None = None,
+                 openlineage_inject_transport_info: bool | None = None, **kwargs: Any) -> None:
         # Everything that does not need the table is checked here, when the DAG file is parsed.
         if (table is None) == (table_name is None):
             raise JobSpecError(f"{type(self).__name__} needs exactly one of table= (path) or table_name=")
@@ -163,7 +170,10 @@ class DeltaBaseOperator(BaseOperator):
         self.conflict_pool = conflict_pool
         self.lease_conn_id = lease_conn_id
         self.storage_conn_id = storage_conn_id
+        self.openlineage_inject_parent_job_info = openlineage_inject_parent_job_info
+        self.openlineage_inject_transport_info = openlineage_inject_transport_info
         self._held_lease: tuple[str, str] | None = None  # (request id, owner) while a job runs with a lease
+        self._lineage: DeltaJobLineage | None = None  # what the run wrote, for OpenLineage
 
     def render_template_fields(self, context: Context, jinja_env: jinja2.Environment | None = None) -> None:
         """Read a ``.sql`` file named by a SQL text field, then render every field as usual.
@@ -266,6 +276,8 @@ class DeltaBaseOperator(BaseOperator):
             raise AirflowSkipException(str(exc)) from exc
         result = self.confirm(prepared, result)
         result = replace(result, task_seconds=round(time.monotonic() - started, 3))  # with Spark start-up
+        if self._lineage is not None:
+            self._lineage = replace(self._lineage, version=result.version, metrics=dict(result.metrics))
         self.log.info("committed version %s after %s attempt(s), conflicts: %s", result.version, result.attempts,
                       [c.kind.value for c in result.conflicts])
         return result.to_dict()
@@ -370,13 +382,65 @@ class DeltaBaseOperator(BaseOperator):
         from airflow_delta_occ.engine import DeltaLog
         from airflow_delta_occ.jobs.footprint import footprint_of
 
+        self._inject_openlineage_properties(context)
         location = self._location()
         snapshot = DeltaLog.for_table(location, credentials=self.hook.credentials_for(location)).snapshot()
         spec = self.build_spec(snapshot, self._run_identity(context))
         # Before any lease or Spark: the job's storage settings, and the refusal of commits that S3
         # could lose.
         self.hook.use_storage(location, spec.source.path if spec.source is not None else None)
+        self._lineage = lineage_of(location, spec, snapshot)
         return PreparedJob(location, snapshot, spec, footprint_of(spec, snapshot))
+
+    def _inject_openlineage_properties(self, context: Any) -> None:
+        """Add the OpenLineage parent job (and transport) properties to the job's Spark conf, with the
+        OpenLineage provider's own helpers (a no-op without the provider), before the hook is built."""
+        from airflow.providers.common.compat.openlineage.utils.spark import (
+            inject_parent_job_information_into_spark_properties,
+            inject_transport_information_into_spark_properties,
+        )
+        from airflow.sdk import conf
+
+        parent, transport = self.openlineage_inject_parent_job_info, self.openlineage_inject_transport_info
+        if parent is None:
+            parent = conf.getboolean("openlineage", "spark_inject_parent_job_info", fallback=False)
+        if transport is None:
+            transport = conf.getboolean("openlineage", "spark_inject_transport_info", fallback=False)
+        if not (parent or transport):
+            return
+        properties = dict(self.spark_conf)
+        if parent:
+            properties = inject_parent_job_information_into_spark_properties(properties, context)
+        if transport:
+            properties = inject_transport_information_into_spark_properties(properties, context)
+        self.spark_conf = properties
+        self.__dict__.pop("hook", None)  # the hook takes spark_conf when it is built
+        if parent:
+            self.log.info("OpenLineage: the Spark job runs as a child of run %s (%s)",
+                          properties.get("spark.openlineage.parentRunId"),
+                          properties.get("spark.openlineage.parentJobName"))
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """The OpenLineage provider's ``OperatorLineage`` of this run (see ``operators/lineage.py``):
+        the target with its schema and the version committed, the source, the source query. On a
+        failure (the provider falls back to this method) the version is absent."""
+        from airflow_delta_occ.engine import DeltaLog
+
+        lineage = self._lineage
+        if lineage is None:  # refused before the table was read: name the target if it is a location
+            if self.table is None:
+                from airflow.providers.openlineage.extractors import OperatorLineage
+
+                return OperatorLineage()
+            lineage = DeltaJobLineage(location=self.table, operation=self.operation)
+        elif lineage.version is not None:
+            try:  # the schema the commit left (a MERGE may have evolved it)
+                snapshot = DeltaLog.for_table(lineage.location, credentials=self.hook.credentials_for(
+                    lineage.location)).snapshot(lineage.version)
+                lineage = replace(lineage, columns=schema_columns(snapshot))
+            except Exception as exc:  # lineage must never fail the task; the prepared schema stands
+                self.log.warning("OpenLineage: cannot read the schema at version %s: %s", lineage.version, exc)
+        return operator_lineage(lineage)
 
     def confirm(self, prepared: PreparedJob, result: JobResult) -> JobResult:
         """Check the Delta log itself for this run's commit: Spark's word alone is not proof.

@@ -40,7 +40,7 @@ MULTI_DRIVER_LOG_STORE = "io.delta.storage.S3DynamoDBLogStore"
 MULTI_DRIVER_LOG_STORES = frozenset({MULTI_DRIVER_LOG_STORE})
 REDACTION_CONF = "spark.redaction.regex"
 # Spark's default pattern, plus ABFS account keys.
-REDACTION_REGEX = "(?i)secret|password|token|access[.]?key|account[.]key"
+REDACTION_REGEX = "(?i)secret|password|token|access[.]?key|account[.]key|api[.]?key"
 
 
 #: The environment variable that carries secret confs to a spark-submit driver running on the worker

@@ -35,7 +35,14 @@ def test_example_dags_parse_without_errors(airflow_env: dict[str, str]) -> None:
 
 
 def test_concurrent_merges_dag_runs(airflow_env: dict[str, str], tmp_path: Path) -> None:
-    env = {**airflow_env, "DELTA_OCC_DEMO_ROOT": str(tmp_path)}
+    """The example DAG under ``airflow dags test``, with the OpenLineage provider recording its events
+    to a file (and handing the parent job to the Spark jobs)."""
+    events_file = tmp_path / "openlineage.jsonl"
+    env = {**airflow_env, "DELTA_OCC_DEMO_ROOT": str(tmp_path),
+           "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "log_file_path": str(events_file),
+                                                          "append": True}),
+           "AIRFLOW__OPENLINEAGE__NAMESPACE": "delta-occ-tests",
+           "AIRFLOW__OPENLINEAGE__SPARK_INJECT_PARENT_JOB_INFO": "True"}
     run = subprocess.run([*AIRFLOW, "dags", "test", "delta_concurrent_merges", "2024-01-01"], env=env,
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
@@ -55,6 +62,32 @@ def test_concurrent_merges_dag_runs(airflow_env: dict[str, str], tmp_path: Path)
     # `dags test DAG 2024-01-01` gives the run that logical date (its run_after is "now"): the DAG writes that day.
     assert {str(snapshot.partition_values(f)["date"]) for f in snapshot.files()} == {"2024-01-01"}
     assert snapshot.num_files >= 4
+    _assert_lineage(events_file, tmp_path / "sales", log, run.stdout + run.stderr)
+
+
+def _assert_lineage(events_file: Path, table: Path, log: DeltaLog, output: str) -> None:
+    """Each MERGE task's COMPLETE event names the table as its output, with the schema and the version
+    its own commit has in the Delta log; its run is the parent the task handed to its Spark job."""
+    import re
+
+    events = [json.loads(line) for line in events_file.read_text().splitlines() if line.strip()]
+    merges = [e for e in events if e.get("eventType") == "COMPLETE"
+              and e["job"]["name"] == "delta_concurrent_merges.merge_country"]
+    assert len(merges) == 4, [(e.get("eventType"), e["job"]["name"]) for e in events]
+    merge_versions = {c.version for c in log.history() if c.commit_info and c.commit_info.operation == "MERGE"}
+    columns = [f.name for f in log.snapshot().schema.fields]
+    versions = set()
+    for event in merges:
+        [output_dataset] = event["outputs"]
+        assert (output_dataset["namespace"], output_dataset["name"]) == ("file", str(table))
+        assert [f["name"] for f in output_dataset["facets"]["schema"]["fields"]] == columns
+        versions.add(int(output_dataset["facets"]["version"]["datasetVersion"]))
+    assert versions == merge_versions
+    parents = set(re.findall(r"OpenLineage: the Spark job runs as a child of run ([0-9a-f-]{36})", output))
+    # Every MERGE task's run is the parent its Spark job got; every parent handed over is a Delta task's run
+    # (the DAG's OPTIMIZE hands over its own).
+    assert {e["run"]["runId"] for e in merges} <= parents, (parents, output[-3000:])
+    assert parents <= {e["run"]["runId"] for e in events if e.get("eventType") == "COMPLETE"}
 
 
 def test_provider_is_registered_with_its_config_and_connection_type(airflow_env: dict[str, str]) -> None:

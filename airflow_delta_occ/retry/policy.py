@@ -178,7 +178,8 @@ class ConflictRecord:
 
     ``action`` is what the policy did: ``retry``, ``skip``, ``fail``, or ``gave up`` when the
     attempts ran out; ``delay`` is the backoff before the next attempt (seconds);
-    ``winning_version`` is the concurrent commit that won, when Delta's message names it.
+    ``winning_version`` is the concurrent commit that won, when Delta's message names it;
+    ``seconds`` is how long the attempt that met the conflict ran: Spark work thrown away.
     """
 
     attempt: int
@@ -187,6 +188,7 @@ class ConflictRecord:
     action: str
     delay: float = 0.0
     winning_version: int | None = None
+    seconds: float = 0.0
 
     def describe(self, what: str, max_attempts: int) -> str:
         """The log line for this conflict, e.g. ``ConcurrentAppendException on /lake/sales (attempt 1 of 5,
@@ -219,10 +221,15 @@ class RetryOutcome:
     attempts: int = 0
     conflicts: list[ConflictRecord] = field(default_factory=list)
 
+    @property
+    def lost_seconds(self) -> float:
+        """Seconds of work in attempts a conflict ended (backoff not counted)."""
+        return sum(c.seconds for c in self.conflicts)
+
 
 def run_with_policies(fn: Callable[[int], T], policies: Mapping[ConflictKind, ConflictPolicy], *,
                       outcome: RetryOutcome | None = None, sleep: Callable[[float], None] = time.sleep,
-                      what: str = "the table") -> T:
+                      what: str = "the table", clock: Callable[[], float] = time.monotonic) -> T:
     """Call ``fn(attempt)`` until it succeeds, retrying only conflicts whose policy says retry.
 
     Each conflict is recorded in ``outcome`` and logged when it happens (``what`` names the table in
@@ -235,6 +242,7 @@ def run_with_policies(fn: Callable[[int], T], policies: Mapping[ConflictKind, Co
         BaseException: anything that is not a conflict, unchanged and at once.
     """
     record = outcome if outcome is not None else RetryOutcome()
+    started, ended = [0.0], [0.0]  # the current attempt's clock readings
 
     def conflict(state: tenacity.RetryCallState) -> tuple[BaseException, ConflictKind, ConflictPolicy] | None:
         exc = state.outcome.exception() if state.outcome is not None else None
@@ -260,7 +268,8 @@ def run_with_policies(fn: Callable[[int], T], policies: Mapping[ConflictKind, Co
              delay: float = 0.0) -> None:
         exc, kind, policy = seen
         message = str(exc).strip()
-        entry = ConflictRecord(attempt, kind, message[:1000], action, delay, winning_version(message))
+        entry = ConflictRecord(attempt, kind, message[:1000], action, delay, winning_version(message),
+                               round(ended[0] - started[0], 3))
         record.conflicts.append(entry)
         log.log(logging.INFO if action == Action.SKIP else logging.WARNING, "%s",
                 entry.describe(what, policy.max_attempts if policy.action is Action.RETRY else attempt),
@@ -268,7 +277,11 @@ def run_with_policies(fn: Callable[[int], T], policies: Mapping[ConflictKind, Co
 
     def attempt() -> T:
         record.attempts += 1
-        return fn(record.attempts)
+        started[0] = clock()
+        try:
+            return fn(record.attempts)
+        finally:
+            ended[0] = clock()
 
     retrying = tenacity.Retrying(retry=should_retry, wait=wait, sleep=sleep, before_sleep=before_sleep,
                                  reraise=True, stop=tenacity.stop_never)

@@ -278,3 +278,24 @@ def test_fail_and_skip_conflicts_are_logged_too(caplog):
 ])
 def test_winning_version_is_read_from_the_message(message, version):
     assert winning_version(message) == version
+
+
+def test_each_conflict_records_how_long_its_lost_attempt_ran():
+    """The Spark work a conflict threw away is in the result: the seconds its attempt ran, not the backoff."""
+    now = [100.0]
+
+    def job(attempt: int) -> str:
+        now[0] += 2.5 if attempt == 1 else 4.0  # the attempt's Spark work
+        if attempt < 3:
+            raise ConcurrentAppendException(f"attempt {attempt}")
+        return "done"
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds  # backoff is not lost work
+
+    outcome = RetryOutcome()
+    policies = resolve_policies(DEFAULT_POLICIES, {"ConcurrentAppendException": {"initial_delay": 7.0,
+                                                                                 "jitter": 0.0}})
+    assert run_with_policies(job, policies, outcome=outcome, sleep=sleep, clock=lambda: now[0]) == "done"
+    assert [c.seconds for c in outcome.conflicts] == [2.5, 4.0]
+    assert outcome.lost_seconds == 6.5

@@ -13,11 +13,15 @@ the runner's result line for spark-submit, the error class for Connect.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +32,7 @@ from airflow_delta_occ.exceptions import SourceNotFoundError, SourceOutsideParti
 from airflow_delta_occ.hooks.delta import DeltaSparkHook
 from airflow_delta_occ.jobs.result import JobResult
 from airflow_delta_occ.jobs.spec import JobSpec
+from airflow_delta_occ.spark.runner import RESULT_PREFIX
 from airflow_delta_occ.spark.session import CONNECT_MODE_FLAG
 
 from ..servers import get_json, spark_env
@@ -162,10 +167,65 @@ def test_remote_conflict_is_classified_and_injection_avoids_it(spark: Any, sales
     assert CONNECT_MODE_FLAG not in os.environ
 
 
+def _stamp(_logger: Any, _method: str, event: Any) -> Any:
+    """A structlog processor: when this process received the line (the task log's own clock)."""
+    event["received"] = time.time()
+    return event
+
+
+_DRIVER_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+
+
 def test_remote_overlapping_merges_retry_to_the_serial_result(spark: Any, sales: str, tmp_path: Path,
-                                                              remote_runner: Any) -> None:
-    check_overlapping_merges(spark, sales, tmp_path, remote_runner)
+                                                              remote_runner: Any, request: pytest.FixtureRequest,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """The real conflict is retried in the job, and logged when it happens: its kind, the winning version
+    and the backoff reach the task log before the retry; a spark-submit driver's lines reach it live,
+    as the driver prints them, while the hook still reads the result from the same stream."""
+    import structlog.testing
+
+    mode = request.node.callspec.params["remote_runner"]
+    finished: list[tuple[float, JobResult]] = []
+
+    def run_a(session: Any, spec: JobSpec) -> JobResult:
+        result = remote_runner(session, spec)
+        finished.append((time.time(), result))  # spark-submit has exited (or the Connect job returned)
+        return result
+
+    caplog.set_level(logging.INFO, logger="airflow_delta_occ")
+    with structlog.testing.capture_logs(processors=[_stamp]) as hook_lines:
+        check_overlapping_merges(spark, sales, tmp_path, run_a)
     assert CONNECT_MODE_FLAG not in os.environ
+    [(ended, result)] = finished
+    # What reached the task log: the hook's lines (structlog, the driver's output in spark-submit
+    # mode) and the provider's own loggers (stdlib: the in-job retry loop in Connect mode).
+    received = [(float(e["received"]), str(e["event"])) for e in hook_lines] + \
+        [(r.created, r.getMessage()) for r in caplog.records if r.name.startswith("airflow_delta_occ")]
+    assert result.conflicts and len(result.conflicts) == result.attempts - 1
+    for conflict in result.conflicts:
+        assert conflict.winning_version is not None and conflict.action == "retry"
+        expected = (f"{conflict.kind.value} on {sales} (attempt {conflict.attempt} of ",
+                    f"winning version {conflict.winning_version}): retrying in {conflict.delay:.2f} s")
+        logged = [(at, line) for at, line in received if all(part in line for part in expected)]
+        assert len(logged) == 1, (expected, [line for _, line in received if "Concurrent" in line])
+        at, line = logged[0]
+        # Logged when it happened: before the backoff and the retry, not with the final result.
+        assert ended - at >= conflict.delay, (ended, at, line)
+        if mode == "spark-submit":
+            # The driver printed it (with its own clock) and the hook logged it as it arrived.
+            printed = _DRIVER_TIME.match(line)
+            assert printed and "WARNING airflow_delta_occ.retry.policy: " in line, line
+            lag = at - datetime.strptime(printed.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            assert -1.0 < lag < ended - at, (lag, line)
+    if mode == "spark-submit":
+        [(result_at, _)] = [(at, line) for at, line in received if line.startswith(RESULT_PREFIX)]
+        [(conflict_at, _)] = [(at, line) for at, line in received if "retrying in" in line]
+        # Streamed, not collected at exit: the backoff and the whole second attempt ran in the driver
+        # between the conflict line and the result line reaching the log ...
+        assert result_at - conflict_at >= result.conflicts[0].delay, (conflict_at, result_at, result.conflicts[0])
+        # ... and Spark's own start-up lines arrived long before spark-submit exited.
+        driver = [at for at, line in received if " INFO SparkContext: " in line]
+        assert driver and ended - min(driver) > result.run_seconds / 2, (ended, driver, result.run_seconds)
 
 
 def test_remote_refusal_comes_back_as_the_same_typed_error(spark: Any, sales: str, tmp_path: Path,

@@ -160,9 +160,14 @@ class DeltaSparkHook(BaseHook):
             return SparkSession.builder.remote(self.connect_url()).create()
         from airflow_delta_occ.spark.session import delta_submit_conf, local_delta_session
 
-        spark = local_delta_session("airflow-delta-occ", master=self.extras.get("master", "local[2]"),
-                                    conf=self._conf_with_storage(
-                                        {"spark.jars.packages": delta_submit_conf()["spark.jars.packages"]}))
+        conf = self._conf_with_storage({"spark.jars.packages": delta_submit_conf()["spark.jars.packages"]})
+        spark = local_delta_session("airflow-delta-occ", master=self.extras.get("master", "local[2]"), conf=conf)
+        # An earlier task of this process may have left its OpenLineage parent on the session; the
+        # runner's job session copies this one's, so a job given no parent must not inherit it.
+        from airflow_delta_occ.jobs.result import OpenLineageParent
+
+        for key in set(OpenLineageParent.SPARK_CONF.values()).difference(conf):
+            spark.conf.unset(key)
         # A session this process started earlier keeps its Hadoop settings: give it this job's too
         # (the embedded session belongs to one task process).
         hadoop_conf = spark.sparkContext._jsc.hadoopConfiguration()

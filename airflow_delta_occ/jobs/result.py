@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
 from airflow_delta_occ.engine.errors import ConflictKind, TableNotFoundError
 from airflow_delta_occ.exceptions import (
@@ -40,6 +40,45 @@ class JobStatus(StrEnum):
     CONFLICT = "conflict"    # a conflict whose policy fails, or whose attempts ran out
     REJECTED = "rejected"    # the job's input was refused (never retried)
     ERROR = "error"          # anything else (left to Airflow's retries)
+
+
+@dataclass(frozen=True)
+class OpenLineageParent:
+    """The OpenLineage parent job a Spark job's session held (``spark.openlineage.parent*`` confs).
+
+    Read in the job itself, from the session it ran in, so the result says what Spark actually
+    received, not what the operator meant to hand over: an embedded session that reuses the
+    process's Spark context, or a cluster that drops confs, would show here as a different parent.
+    """
+
+    job_namespace: str | None = None
+    job_name: str | None = None
+    run_id: str | None = None
+    root_job_namespace: str | None = None
+    root_job_name: str | None = None
+    root_run_id: str | None = None
+
+    #: Field -> the Spark conf the OpenLineage provider's helper sets (and the Spark listener reads).
+    SPARK_CONF: ClassVar[Mapping[str, str]] = {
+        "job_namespace": "spark.openlineage.parentJobNamespace",
+        "job_name": "spark.openlineage.parentJobName",
+        "run_id": "spark.openlineage.parentRunId",
+        "root_job_namespace": "spark.openlineage.rootParentJobNamespace",
+        "root_job_name": "spark.openlineage.rootParentJobName",
+        "root_run_id": "spark.openlineage.rootParentRunId",
+    }
+
+    def __post_init__(self) -> None:
+        for name in self.SPARK_CONF:  # crosses a process boundary (spark-submit) as JSON
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"OpenLineageParent.{name} must be a string, got {value!r}")
+
+    @classmethod
+    def from_conf(cls, conf: Mapping[str, str]) -> OpenLineageParent | None:
+        """The parent named by a session's confs; ``None`` when it holds none of the keys."""
+        values = {name: conf[key] for name, key in cls.SPARK_CONF.items() if conf.get(key) is not None}
+        return cls(**values) if values else None
 
 
 @dataclass(frozen=True)
@@ -73,6 +112,7 @@ class JobResult:
     task_seconds: float | None = None
     spark_app_id: str | None = None   # the Spark application the job ran in (for the Spark UI link)
     spark_ui_url: str | None = None   # its driver's live UI, as the driver reports it (classic sessions)
+    openlineage_parent: OpenLineageParent | None = None  # the parent job the job's Spark session held
 
     def __post_init__(self) -> None:
         # A JobResult crosses a process boundary in spark-submit mode: a value of the wrong type is a
@@ -104,7 +144,9 @@ class JobResult:
                 raise TypeError("a JobResult is a JSON object")
             conflicts = tuple(ConflictRecord(**c) for c in data.pop("conflicts", None) or ())
             seen = tuple(replace(c, kind=ConflictKind(c.kind)) for c in conflicts)
-            return cls(**data, conflicts=seen)
+            parent = data.pop("openlineage_parent", None)
+            return cls(**data, conflicts=seen,
+                       openlineage_parent=OpenLineageParent(**parent) if parent is not None else None)
         except (TypeError, ValueError, RecursionError) as exc:
             raise DeltaJobError(f"not a valid job result: {exc}") from exc
 

@@ -174,6 +174,10 @@ class DeltaBaseOperator(BaseOperator):
         self.openlineage_inject_transport_info = openlineage_inject_transport_info
         self._held_lease: tuple[str, str] | None = None  # (request id, owner) while a job runs with a lease
         self._lineage: DeltaJobLineage | None = None  # what the run wrote, for OpenLineage
+        # The OpenLineage properties this try hands to its Spark job, kept apart from the author's
+        # spark_conf: the provider's helper keeps parent properties already present, so writing them
+        # into spark_conf would hand a later try (same operator object) the first try's run.
+        self._openlineage_conf: dict[str, str] = {}
 
     def render_template_fields(self, context: Context, jinja_env: jinja2.Environment | None = None) -> None:
         """Read a ``.sql`` file named by a SQL text field, then render every field as usual.
@@ -210,7 +214,8 @@ class DeltaBaseOperator(BaseOperator):
     @cached_property
     def hook(self) -> DeltaSparkHook:
         """Built on first use, in the worker (never at DAG parse time)."""
-        return DeltaSparkHook(self.delta_conn_id, spark_conf=self.spark_conf, storage_conn_id=self.storage_conn_id)
+        return DeltaSparkHook(self.delta_conn_id, spark_conf={**self.spark_conf, **self._openlineage_conf},
+                              storage_conn_id=self.storage_conn_id)
 
     def _location(self) -> str:
         return self.table if self.table is not None else self.hook.table_location(str(self.table_name))
@@ -276,8 +281,7 @@ class DeltaBaseOperator(BaseOperator):
             raise AirflowSkipException(str(exc)) from exc
         result = self.confirm(prepared, result)
         result = replace(result, task_seconds=round(time.monotonic() - started, 3))  # with Spark start-up
-        if self._lineage is not None:
-            self._lineage = replace(self._lineage, version=result.version, metrics=dict(result.metrics))
+        self.record_lineage(result)
         self.log.info("committed version %s after %s attempt(s), conflicts: %s", result.version, result.attempts,
                       [c.kind.value for c in result.conflicts])
         return result.to_dict()
@@ -406,19 +410,40 @@ class DeltaBaseOperator(BaseOperator):
             parent = conf.getboolean("openlineage", "spark_inject_parent_job_info", fallback=False)
         if transport is None:
             transport = conf.getboolean("openlineage", "spark_inject_transport_info", fallback=False)
-        if not (parent or transport):
-            return
         properties = dict(self.spark_conf)
         if parent:
             properties = inject_parent_job_information_into_spark_properties(properties, context)
         if transport:
             properties = inject_transport_information_into_spark_properties(properties, context)
-        self.spark_conf = properties
-        self.__dict__.pop("hook", None)  # the hook takes spark_conf when it is built
+        injected = {k: str(v) for k, v in properties.items() if k not in self.spark_conf}
+        if injected != self._openlineage_conf:
+            self._openlineage_conf = injected
+            self.__dict__.pop("hook", None)  # the hook takes its spark_conf when it is built
         if parent:
-            self.log.info("OpenLineage: the Spark job runs as a child of run %s (%s)",
+            self.log.info("OpenLineage: the Spark job is handed run %s (%s) as its parent",
                           properties.get("spark.openlineage.parentRunId"),
                           properties.get("spark.openlineage.parentJobName"))
+
+    def record_lineage(self, result: JobResult) -> None:
+        """Complete the run's lineage from its confirmed result (the committed version, Delta's metrics),
+        and log which OpenLineage parent the Spark job's session actually held.
+
+        A parent other than the one handed over is a warning, not a failure: the data was written, but
+        a Spark OpenLineage listener would attach the job's events to another run.
+        """
+        if self._lineage is not None:
+            self._lineage = replace(self._lineage, version=result.version, metrics=dict(result.metrics),
+                                    already_committed=result.already_committed)
+        handed = self._openlineage_conf.get("spark.openlineage.parentRunId") or self.spark_conf.get(
+            "spark.openlineage.parentRunId")
+        seen = result.openlineage_parent.run_id if result.openlineage_parent is not None else None
+        if handed is None and seen is None:
+            return
+        if handed == seen:
+            self.log.info("OpenLineage: the Spark job's session held parent run %s", seen)
+        else:
+            self.log.warning("OpenLineage: the Spark job was handed parent run %s but its session held %s; a "
+                             "Spark OpenLineage listener would report the job under the wrong run", handed, seen)
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """The OpenLineage provider's ``OperatorLineage`` of this run (see ``operators/lineage.py``):
@@ -434,12 +459,14 @@ class DeltaBaseOperator(BaseOperator):
                 return OperatorLineage()
             lineage = DeltaJobLineage(location=self.table, operation=self.operation)
         elif lineage.version is not None:
-            try:  # the schema the commit left (a MERGE may have evolved it)
-                snapshot = DeltaLog.for_table(lineage.location, credentials=self.hook.credentials_for(
-                    lineage.location)).snapshot(lineage.version)
-                lineage = replace(lineage, columns=schema_columns(snapshot))
+            try:  # the schema the commit left (a MERGE may have evolved it), and Delta's name of the commit
+                log = DeltaLog.for_table(lineage.location, credentials=self.hook.credentials_for(lineage.location))
+                snapshot = log.snapshot(lineage.version)
+                [commit] = log.commits_after(lineage.version - 1, until=lineage.version)
+                lineage = replace(lineage, columns=schema_columns(snapshot), commit_operation=(
+                    commit.commit_info.operation if commit.commit_info is not None else None))
             except Exception as exc:  # lineage must never fail the task; the prepared schema stands
-                self.log.warning("OpenLineage: cannot read the schema at version %s: %s", lineage.version, exc)
+                self.log.warning("OpenLineage: cannot read version %s of the table: %s", lineage.version, exc)
         return operator_lineage(lineage)
 
     def confirm(self, prepared: PreparedJob, result: JobResult) -> JobResult:

@@ -11,6 +11,7 @@ import cheaply; ``operator_lineage`` imports it when the provider's listener ask
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -20,7 +21,7 @@ from airflow_delta_occ.exceptions import ProviderConfigError
 
 if TYPE_CHECKING:
     from airflow_delta_occ.engine import Snapshot
-    from airflow_delta_occ.jobs.spec import JobSpec
+    from airflow_delta_occ.jobs.spec import JobSpec, SourceRef
 
 # Object-store and distributed-file-system schemes whose namespace is ``scheme://authority``. ``s3a``/``s3n``
 # are Hadoop's names for S3 and are reported as ``s3`` (as the OpenLineage Spark integration does).
@@ -63,8 +64,11 @@ class DeltaJobLineage:
 
     Typed and free of Airflow and OpenLineage imports so the facets are built (and tested) from plain
     values: the operator fills it from the job it prepared and the result it confirmed.
-    ``version`` is the Delta version the run committed (``None``: nothing committed, or the run
-    failed); ``columns`` are (name, type) pairs of the table's schema at that version.
+    ``operation`` is the operator's job kind (merge, update, ...); ``version`` is the Delta version the
+    run committed (``None``: nothing committed, or the run failed) and ``commit_operation`` Delta's name
+    for that commit, read back from the log; ``read_version`` is the version the job was planned
+    against; ``columns`` are (name, type) pairs of the table's schema at the committed version;
+    ``statement`` is the SQL statement the job runs (``None`` for DataFrame writes).
     """
 
     location: str
@@ -74,11 +78,24 @@ class DeltaJobLineage:
     metrics: Mapping[str, str] = field(default_factory=dict)
     table_name: str | None = None
     source_location: str | None = None
+    source_format: str = "delta"
     source_query: str | None = None
+    statement: str | None = None
+    read_version: int | None = None
+    partition_predicate: str | None = None
+    commit_operation: str | None = None
+    already_committed: bool = False
 
 
 #: Delta operations whose commit replaces data, reported as an OVERWRITE lifecycle change.
 OVERWRITING_OPERATIONS = frozenset({"overwrite_partitions"})
+#: Delta's name (``commitInfo.operation``) of the commit each job makes; DataFrame writes are WRITE.
+#: Reported before the commit is read back, and when nothing was committed.
+DELTA_OPERATION_NAMES: Mapping[str, str] = {
+    "merge": "MERGE", "update": "UPDATE", "delete": "DELETE", "optimize": "OPTIMIZE", "append": "WRITE",
+    "overwrite_partitions": "WRITE"}
+#: Delta tables store their data as Parquet (the storage facet, as the OpenLineage Spark integration sends it).
+DELTA_FILE_FORMAT = "parquet"
 
 
 def _count(metrics: Mapping[str, str], *keys: str) -> int | None:
@@ -91,10 +108,13 @@ def _count(metrics: Mapping[str, str], *keys: str) -> int | None:
 
 
 def operator_lineage(job: DeltaJobLineage) -> Any:
-    """The OpenLineage provider's ``OperatorLineage`` for one run: the target table as the output
-    (schema, the committed version, an OVERWRITE lifecycle change for partition overwrites, output
-    statistics from Delta's operation metrics, the catalog name as a symlink), a source given by
-    location as the input, and a source query as the job's SQL facet.
+    """The OpenLineage provider's ``OperatorLineage`` for one run.
+
+    Output: the target table with its schema, data source and Delta storage facets, the committed
+    version, the operation (the provider's ``deltaOcc_operation`` facet, for every operator), an
+    OVERWRITE lifecycle change for partition overwrites, output statistics from Delta's operation
+    metrics and the catalog name as a symlink. Input: a source given by location. Job: the SQL the
+    job ran (its statement, or a DataFrame write's source query) as the SQL facet.
 
     Imports the provider only when called: it is an optional extra, and this runs only when the
     provider's listener asks.
@@ -112,10 +132,20 @@ def operator_lineage(job: DeltaJobLineage) -> Any:
         SymlinksDatasetFacet,
     )
     from airflow.providers.openlineage.extractors import OperatorLineage
-    from openlineage.client.facet_v2 import dataset_version_dataset
+    from openlineage.client.facet_v2 import dataset_version_dataset, datasource_dataset, storage_dataset
+
+    from airflow_delta_occ.operators.openlineage_facets import OPERATION_FACET_KEY, DeltaOccOperationDatasetFacet
+
+    def located(name: DatasetName, delta: bool) -> dict[str, Any]:
+        """The facets of any dataset named by location: its data source, and Delta's storage layer."""
+        facets: dict[str, Any] = {"dataSource": datasource_dataset.DatasourceDatasetFacet(name=name.namespace,
+                                                                                        uri=name.namespace)}
+        if delta:
+            facets["storage"] = storage_dataset.StorageDatasetFacet(storageLayer="delta", fileFormat=DELTA_FILE_FORMAT)
+        return facets
 
     target = dataset_name_for_location(job.location)
-    facets: dict[str, Any] = {}
+    facets = located(target, delta=True)
     if job.columns:
         facets["schema"] = SchemaDatasetFacet(fields=[SchemaDatasetFacetFields(name=n, type=t) for n, t in job.columns])
     if job.version is not None:
@@ -123,6 +153,10 @@ def operator_lineage(job: DeltaJobLineage) -> Any:
         if job.operation in OVERWRITING_OPERATIONS:
             facets["lifecycleStateChange"] = LifecycleStateChangeDatasetFacet(
                 lifecycleStateChange=LifecycleStateChange.OVERWRITE)
+    facets[OPERATION_FACET_KEY] = DeltaOccOperationDatasetFacet(
+        operation=job.commit_operation or DELTA_OPERATION_NAMES.get(job.operation, job.operation.upper()),
+        kind=job.operation, version=job.version, readVersion=job.read_version,
+        alreadyCommitted=job.already_committed, partitionPredicate=job.partition_predicate)
     if job.table_name:
         facets["symlinks"] = SymlinksDatasetFacet(
             identifiers=[Identifier(namespace=target.namespace, name=job.table_name, type="TABLE")])
@@ -136,8 +170,10 @@ def operator_lineage(job: DeltaJobLineage) -> Any:
     inputs = []
     if job.source_location:
         source = dataset_name_for_location(job.source_location)
-        inputs.append(InputDataset(namespace=source.namespace, name=source.name))
-    job_facets = {"sql": SQLJobFacet(query=job.source_query)} if job.source_query else {}
+        inputs.append(InputDataset(namespace=source.namespace, name=source.name,
+                                   facets=located(source, delta=job.source_format.lower() == "delta")))
+    query = job.statement or job.source_query
+    job_facets = {"sql": SQLJobFacet(query=query, dialect="spark")} if query else {}
     return OperatorLineage(inputs=inputs, outputs=[OutputDataset(namespace=target.namespace, name=target.name,
                                                                  facets=facets, outputFacets=output_facets)],
                            job_facets=job_facets)
@@ -148,13 +184,51 @@ def schema_columns(snapshot: Snapshot) -> tuple[tuple[str, str], ...]:
     return tuple((f.name, f.type.simple_string()) for f in snapshot.schema.fields)
 
 
+# A name no source view has, replaced in the MERGE statement by the source as Spark SQL names it.
+_SOURCE_PLACEHOLDER = "delta_occ_lineage_source"
+_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def source_sql(source: SourceRef) -> str:
+    """A job's source as Spark SQL names it in a FROM clause: ``delta.`/path``` (the source's format),
+    a quoted table name, or the query in parentheses."""
+    from airflow_delta_occ.engine.sql_parser import render_identifier
+
+    if source.path is not None:
+        fmt = source.format if _PLAIN_NAME.fullmatch(source.format) else render_identifier(source.format)
+        return f"{fmt}.{render_identifier(source.path)}"
+    if source.table is not None:
+        return ".".join(render_identifier(part) for part in source.table.split("."))
+    return f"({source.query})"
+
+
+def job_statement(spec: JobSpec) -> str | None:
+    """The SQL statement a job runs, for the SQL job facet (``None``: appends and partition overwrites
+    are DataFrame writes).
+
+    The runner runs a MERGE over a private temporary view of the source (read once, so conflict
+    retries never read it again); the statement reported names the source itself instead, so a
+    consumer reading the SQL sees which dataset the MERGE read, not a view that no longer exists.
+    """
+    from airflow_delta_occ.engine.sql_parser import render_identifier
+    from airflow_delta_occ.jobs.sql import statement_sql
+
+    sql = statement_sql(spec, _SOURCE_PLACEHOLDER)
+    if sql is not None and spec.source is not None:
+        sql = sql.replace(render_identifier(_SOURCE_PLACEHOLDER), source_sql(spec.source), 1)
+    return sql
+
+
 def lineage_of(location: str, spec: JobSpec, snapshot: Snapshot) -> DeltaJobLineage:
     """What a prepared job will write and read, before it runs (the version comes with its result).
 
     A source named by catalog table is not reported as an input: its location is known only to the
-    catalog the job runs against, and a guessed namespace would be a dataset no consumer can join.
+    catalog the job runs against, and a guessed namespace would be a dataset no consumer can join
+    (the SQL facet's statement names it).
     """
     source = spec.source
     return DeltaJobLineage(location=location, operation=spec.operation, columns=schema_columns(snapshot),
                            table_name=spec.target.name, source_location=source.path if source else None,
-                           source_query=source.query if source else None)
+                           source_format=source.format if source else "delta",
+                           source_query=source.query if source else None, statement=job_statement(spec),
+                           read_version=snapshot.version, partition_predicate=spec.partition_filter_sql)

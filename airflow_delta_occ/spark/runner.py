@@ -36,7 +36,7 @@ from airflow_delta_occ.exceptions import (
     SourceOutsidePartitionsError,
     StatementRefusedError,
 )
-from airflow_delta_occ.jobs.result import REFUSED_TYPES, JobResult, JobStatus
+from airflow_delta_occ.jobs.result import REFUSED_TYPES, JobResult, JobStatus, OpenLineageParent
 from airflow_delta_occ.jobs.spec import JobSpec
 from airflow_delta_occ.jobs.sql import statement_sql, target_sql
 from airflow_delta_occ.retry.classify import classify_conflict
@@ -185,7 +185,7 @@ def run_job(spark: Any, spec: JobSpec, *, sleep: Any = time.sleep) -> JobResult:
     """
     started = time.monotonic()
     outcome = RetryOutcome()
-    progress: dict[str, Any] = {"dropped_source_rows": 0}
+    progress: dict[str, Any] = {"dropped_source_rows": 0, "openlineage_parent": None}
     try:
         commit = _run(spark, spec, outcome, progress, sleep)
         fields: dict[str, Any] = {"status": JobStatus.SUCCESS, "version": commit["version"] if commit else None,
@@ -200,7 +200,8 @@ def run_job(spark: Any, spec: JobSpec, *, sleep: Any = time.sleep) -> JobResult:
                      partition_filter=spec.partition_filter_sql, attempts=outcome.attempts, conflicts=conflicts,
                      run_seconds=round(time.monotonic() - started, 3),
                      wait_seconds=round(sum(c.delay for c in conflicts if c.action == "retry"), 3),
-                     dropped_source_rows=progress["dropped_source_rows"], **fields)
+                     dropped_source_rows=progress["dropped_source_rows"],
+                     openlineage_parent=progress["openlineage_parent"], **fields)
 
 
 def spark_application(spark: Any) -> tuple[str | None, str | None]:
@@ -241,6 +242,7 @@ def _failure(exc: Exception) -> dict[str, Any]:
 def _run(spark: Any, spec: JobSpec, outcome: RetryOutcome, progress: dict[str, Any], sleep: Any,
          ) -> dict[str, Any] | None:
     session = _private_session(spark)
+    progress["openlineage_parent"] = openlineage_parent_seen(session)
     # The operator rendered timestamp literals and typed partition values in UTC: the job reads them
     # in UTC in every mode (a Connect server or a cluster may default to another zone).
     session.conf.set(SESSION_TIME_ZONE_CONF, "UTC")
@@ -269,9 +271,46 @@ def _private_session(spark: Any) -> Any:
     """A session whose confs (userMetadata, txnAppId) stay private to this job.
 
     Spark Connect sessions cannot spawn siblings, but each Connect client session is already
-    private (the hook creates one per job).
+    private (the hook creates one per job). A classic ``newSession`` starts from the SparkContext's
+    conf, not from ``spark``'s: the OpenLineage confs the hook gave ``spark`` for this job are
+    carried over (see ``_carry_openlineage_conf``).
     """
-    return spark if _is_connect(spark) else spark.newSession()
+    if _is_connect(spark):
+        return spark
+    session = spark.newSession()
+    _carry_openlineage_conf(spark, session)
+    return session
+
+
+OPENLINEAGE_CONF_PREFIX = "spark.openlineage."
+
+
+def _carry_openlineage_conf(parent: Any, child: Any) -> None:
+    """Give ``child`` exactly ``parent``'s ``spark.openlineage.*`` confs.
+
+    An embedded job runs on the process's SparkContext, started by the first task of the process
+    (``airflow dags test`` runs every task in one). A new session starts from that context's conf, so
+    without this it would name the first task as the OpenLineage parent of every later job, or no
+    parent at all when the first task handed none over. The hook sets this job's parent on the
+    session it returns and unsets parent keys this job was not given, so mirroring it is right.
+    """
+    wanted = {k: v for k, v in parent.conf.getAll.items() if k.startswith(OPENLINEAGE_CONF_PREFIX)}
+    for key in child.conf.getAll:
+        if key.startswith(OPENLINEAGE_CONF_PREFIX) and key not in wanted:
+            child.conf.unset(key)
+    for key, value in wanted.items():
+        child.conf.set(key, value)
+
+
+def openlineage_parent_seen(session: Any) -> OpenLineageParent | None:
+    """The OpenLineage parent job this job's session holds (its ``spark.openlineage.parent*`` confs),
+    read from the session in the job, in every mode. Never raises: lineage is not worth failing a job
+    for, and a session whose conf cannot be read reports no parent."""
+    try:
+        return OpenLineageParent.from_conf(dict(session.conf.getAll))
+    except Exception as exc:
+        logging.getLogger(__name__).warning("cannot read the OpenLineage confs of the job's session: %s", exc)
+        return None
 
 
 def _is_connect(session: Any) -> bool:

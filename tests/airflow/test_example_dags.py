@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -62,32 +63,71 @@ def test_concurrent_merges_dag_runs(airflow_env: dict[str, str], tmp_path: Path)
     # `dags test DAG 2024-01-01` gives the run that logical date (its run_after is "now"): the DAG writes that day.
     assert {str(snapshot.partition_values(f)["date"]) for f in snapshot.files()} == {"2024-01-01"}
     assert snapshot.num_files >= 4
-    _assert_lineage(events_file, tmp_path / "sales", log, run.stdout + run.stderr)
+    _assert_lineage(events_file, tmp_path / "sales", log, Path(airflow_env["AIRFLOW_HOME"]) / "airflow.db")
 
 
-def _assert_lineage(events_file: Path, table: Path, log: DeltaLog, output: str) -> None:
-    """Each MERGE task's COMPLETE event names the table as its output, with the schema and the version
-    its own commit has in the Delta log; its run is the parent the task handed to its Spark job."""
-    import re
-
+def _assert_lineage(events_file: Path, table: Path, log: DeltaLog, db: Path) -> None:
+    """What the OpenLineage provider recorded for the Delta tasks, checked against the Delta log, and the
+    parent job each task's Spark job held, as the job's own session reported it (the task's XCom)."""
     events = [json.loads(line) for line in events_file.read_text().splitlines() if line.strip()]
-    merges = [e for e in events if e.get("eventType") == "COMPLETE"
-              and e["job"]["name"] == "delta_concurrent_merges.merge_country"]
+    complete = [e for e in events if e.get("eventType") == "COMPLETE"]
+    merges = [e for e in complete if e["job"]["name"] == "delta_concurrent_merges.merge_country"]
+    [compact] = [e for e in complete if e["job"]["name"] == "delta_concurrent_merges.compact_day"]
     assert len(merges) == 4, [(e.get("eventType"), e["job"]["name"]) for e in events]
-    merge_versions = {c.version for c in log.history() if c.commit_info and c.commit_info.operation == "MERGE"}
     columns = [f.name for f in log.snapshot().schema.fields]
+    commits = {c.version: c.commit_info.operation for c in log.history() if c.commit_info is not None}
+
+    # Each MERGE: the table as output (schema, the version its commit has, the operation), the country's
+    # source table as input, and the MERGE statement it ran, which reads that source.
     versions = set()
     for event in merges:
-        [output_dataset] = event["outputs"]
-        assert (output_dataset["namespace"], output_dataset["name"]) == ("file", str(table))
-        assert [f["name"] for f in output_dataset["facets"]["schema"]["fields"]] == columns
-        versions.add(int(output_dataset["facets"]["version"]["datasetVersion"]))
-    assert versions == merge_versions
-    parents = set(re.findall(r"OpenLineage: the Spark job runs as a child of run ([0-9a-f-]{36})", output))
-    # Every MERGE task's run is the parent its Spark job got; every parent handed over is a Delta task's run
-    # (the DAG's OPTIMIZE hands over its own).
-    assert {e["run"]["runId"] for e in merges} <= parents, (parents, output[-3000:])
-    assert parents <= {e["run"]["runId"] for e in events if e.get("eventType") == "COMPLETE"}
+        [output] = event["outputs"]
+        facets = output["facets"]
+        assert (output["namespace"], output["name"]) == ("file", str(table))
+        assert [f["name"] for f in facets["schema"]["fields"]] == columns
+        assert facets["storage"]["storageLayer"] == "delta"
+        version = int(facets["version"]["datasetVersion"])
+        versions.add(version)
+        operation = facets["deltaOcc_operation"]
+        assert (operation["operation"], operation["kind"], operation["version"]) == ("MERGE", "merge", version)
+        assert commits[version] == "MERGE" and operation["readVersion"] < version
+        country = operation["partitionPredicate"].rsplit("`country` = ", 1)[1].strip("'")
+        [source] = event["inputs"]
+        assert (source["namespace"], source["name"]) == ("file", str(table.parent / "incoming" / country))
+        assert source["facets"]["storage"]["storageLayer"] == "delta"
+        sql = event["job"]["facets"]["sql"]["query"]
+        assert sql.startswith(f"MERGE INTO delta.`{table}` AS `t` USING delta.`{source['name']}` AS `s` ON "), sql
+    assert versions == {v for v, op in commits.items() if op == "MERGE"}
+
+    # The OPTIMIZE: the table as output with the operation, and the version it committed if it had files to
+    # compact (else no version); its statement; no input.
+    [output] = compact["outputs"]
+    assert (output["namespace"], output["name"]) == ("file", str(table)) and compact["inputs"] == []
+    operation = output["facets"]["deltaOcc_operation"]
+    assert (operation["operation"], operation["kind"]) == ("OPTIMIZE", "optimize")
+    optimized = [v for v, op in commits.items() if op == "OPTIMIZE"]
+    assert operation.get("version") == (optimized[0] if optimized else None)
+    assert output["facets"].get("version", {}).get("datasetVersion") == (str(optimized[0]) if optimized else None)
+    assert compact["job"]["facets"]["sql"]["query"] == f"OPTIMIZE delta.`{table}` WHERE `date` = DATE'2024-01-01'"
+
+    # Every Delta task's Spark session held that task's own run as its OpenLineage parent (the runner read
+    # it from the session in the job), although all tasks ran in one process and so on one SparkContext.
+    [run_id] = {e["run"]["facets"]["airflow"]["dagRun"]["run_id"] for e in merges}
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT task_id, map_index, value FROM xcom WHERE dag_id = 'delta_concurrent_merges' "
+                            "AND run_id = ? AND key = 'return_value' AND task_id IN ('merge_country', "
+                            "'compact_day')", (run_id,)).fetchall()
+    seen = {(task, index): json.loads(value)["openlineage_parent"] for task, index, value in rows}
+    expected = {("merge_country", e["run"]["facets"]["airflow"]["taskInstance"]["map_index"]): e for e in merges}
+    expected[("compact_day", -1)] = compact
+    assert set(seen) == set(expected), (set(seen), set(expected))
+    for key, event in expected.items():
+        parent = seen[key]
+        assert parent is not None, key
+        assert (parent["run_id"], parent["job_name"], parent["job_namespace"]) == (
+            event["run"]["runId"], event["job"]["name"], event["job"]["namespace"]), (key, parent)
+        assert parent["root_run_id"] == event["run"]["facets"]["parent"]["root"]["run"]["runId"], (key, parent)
+    assert len({p["run_id"] for p in seen.values()}) == 5
 
 
 def test_provider_is_registered_with_its_config_and_connection_type(airflow_env: dict[str, str]) -> None:

@@ -16,7 +16,7 @@ from airflow_delta_occ.exceptions import (
     SourceOutsidePartitionsError,
     StatementRefusedError,
 )
-from airflow_delta_occ.jobs.result import JobResult, JobStatus
+from airflow_delta_occ.jobs.result import JobResult, JobStatus, OpenLineageParent
 from airflow_delta_occ.retry.classify import ConflictKind, conflict_failure
 from airflow_delta_occ.retry.policy import ConflictRecord
 
@@ -78,3 +78,26 @@ def test_conflict_errors_survive_pickling_with_their_kind() -> None:
     assert type(back) is ConflictFailure and back.kind is ConflictKind.METADATA and str(back) == str(failure)
     skipped = pickle.loads(pickle.dumps(ConflictSkipped("skip", kind=ConflictKind.DELETE_READ)))
     assert skipped.kind is ConflictKind.DELETE_READ
+
+
+def test_the_openlineage_parent_the_spark_session_saw_round_trips_typed() -> None:
+    """The runner reports the ``spark.openlineage.parent*`` confs its session held; the operator compares
+    them with the parent it handed over, so the value must come back from JSON as the same typed value."""
+    conf = {"spark.openlineage.parentJobNamespace": "lake", "spark.openlineage.parentJobName": "sales.merge",
+            "spark.openlineage.parentRunId": "019a0000-0000-7000-8000-000000000001",
+            "spark.openlineage.rootParentJobNamespace": "lake", "spark.openlineage.rootParentJobName": "sales",
+            "spark.openlineage.rootParentRunId": "019a0000-0000-7000-8000-000000000000",
+            "spark.openlineage.transport.type": "http", "spark.app.name": "x"}
+    parent = OpenLineageParent.from_conf(conf)
+    assert parent == OpenLineageParent(job_namespace="lake", job_name="sales.merge",
+                                       run_id="019a0000-0000-7000-8000-000000000001", root_job_namespace="lake",
+                                       root_job_name="sales", root_run_id="019a0000-0000-7000-8000-000000000000")
+    done = result(status=JobStatus.SUCCESS, version=3, openlineage_parent=parent)
+    back = JobResult.from_json(done.to_json())
+    assert back == done and isinstance(back.openlineage_parent, OpenLineageParent)
+    assert done.to_dict()["openlineage_parent"]["run_id"] == "019a0000-0000-7000-8000-000000000001"
+    # A session without parent confs (injection off) reports none, and that survives JSON too.
+    assert OpenLineageParent.from_conf({"spark.openlineage.transport.type": "http"}) is None
+    assert JobResult.from_json(result(status=JobStatus.SUCCESS).to_json()).openlineage_parent is None
+    with pytest.raises(DeltaJobError):
+        JobResult.from_json({**done.to_dict(), "openlineage_parent": {"run_id": 7}})

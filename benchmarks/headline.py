@@ -1,0 +1,462 @@
+"""Headline benchmark: K concurrent writers to one Delta table through Airflow, four ways.
+
+    .venv/bin/python benchmarks/headline.py                       # K = 4, 8, 16; both tables; 3 repetitions
+    .venv/bin/python benchmarks/headline.py --writers 4 --reps 1  # a quick look
+
+What runs (all on this machine, started and stopped by the benchmark): one Spark Connect server
+(``local[2]``, delta-spark) that every job runs on, as a platform runs a standing Spark; ``airflow
+standalone`` (LocalExecutor with ``--parallelism`` slots, triggerer, SQLite metadata database); a SQLite
+lease store. The DAGs are ``headline_dags/headline.py``, the writers ``headline_workload.py``.
+
+Per table (partitioned / unpartitioned with deletion vectors), K and repetition, the same K writers
+run once in each mode, each on a fresh copy of the table: (d) serial first (its task durations are
+each job's work, for the ideal schedule), then (a) naive, (b) injection only, (c) the full provider, in
+an order that rotates with the repetition. Measured from what the parts recorded:
+
+* failed tasks: writers whose run ended in a state other than success (Airflow's metadata database);
+* Delta conflicts: every conflict the provider logged (one line each, in-job retries included) and,
+  for a failed try that logged none, one when its log names a Delta conflict exception;
+* Spark work re-run: the seconds of every try that failed plus the seconds of every in-job attempt a
+  conflict ended (``seconds`` of each conflict in the job's result);
+* makespan: first writer start to last writer end, over all tries;
+* ideal: the largest of total work / slots, the heaviest set of mutually conflicting writers (they
+  can only run one after another) and the longest job, with each job's work from the serial run;
+* correct: the final table has exactly the expected rows: ``(m, u)`` groups with their counts and id
+  sums against the closed form, and no row differs from the serial run's table (``EXCEPT ALL``).
+
+The figures go to docs/benchmarks.md (section ``headline``) and docs/headline.png, as measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # the repository root: tests.servers starts the Spark Connect server
+
+import headline_workload as wl  # noqa: E402
+from _report import write_section  # noqa: E402
+
+from airflow_delta_occ.demo import airflow_env, standalone  # noqa: E402
+from airflow_delta_occ.spark.session import delta_submit_conf  # noqa: E402
+from tests.servers import connect_server  # noqa: E402
+
+DAGS = HERE / "headline_dags"
+CHART = HERE.parent / "docs" / "headline.png"
+RUN_TIMEOUT = 3600.0
+FINAL = {"success", "failed", "upstream_failed", "skipped"}
+CONFLICT_NAMES = ("ConcurrentAppendException", "ConcurrentDeleteReadException", "ConcurrentDeleteDeleteException",
+                  "MetadataChangedException", "ProtocolChangedException", "ConcurrentTransactionException",
+                  "ConcurrentWriteException", "DELTA_CONCURRENT_")
+#: The provider's line for each conflict it meets (``retry/policy.py``, ``ConflictRecord.describe``).
+PROVIDER_CONFLICT = re.compile(r"(Concurrent\w+Exception|MetadataChangedException|ProtocolChangedException) on \S+ "
+                               r"\(attempt \d+ of \d+")
+
+
+@dataclass
+class RunFigures:
+    """One DAG run of one mode: what the benchmark reports for it."""
+
+    table: str
+    k: int
+    mode: str
+    rep: int
+    state: str
+    makespan: float
+    failed_tasks: int
+    conflicts: int
+    rerun_seconds: float
+    tries: int
+    correct: bool
+    correctness: str
+    work: dict[str, float] = field(default_factory=dict)   # task -> seconds of its successful try
+    overhead: list[float] = field(default_factory=list)     # provider tasks: task_seconds - run_seconds
+
+
+# -- Airflow's records --------------------------------------------------------------------------------
+def query(db: Path, sql: str, *params: Any) -> list[dict[str, Any]]:
+    for attempt in range(30):
+        try:
+            with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as con:
+                con.row_factory = sqlite3.Row
+                return [dict(r) for r in con.execute(sql, params)]
+        except sqlite3.OperationalError:
+            if attempt == 29:
+                raise
+            time.sleep(0.5)
+    return []
+
+
+def seconds(value: str | None) -> float:
+    return datetime.fromisoformat(str(value)).timestamp() if value else float("nan")
+
+
+def tries_of(db: Path, dag: str, run: str) -> dict[str, list[dict[str, Any]]]:
+    """Every try of every task of the run, oldest first: ``{task: [{try_number, state, start, end}]}``."""
+    columns = "task_id, try_number, state, start_date, end_date"
+    rows = query(db, f"SELECT {columns} FROM task_instance_history WHERE dag_id = ? AND run_id = ?", dag, run)
+    rows += query(db, f"SELECT {columns} FROM task_instance WHERE dag_id = ? AND run_id = ?", dag, run)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in sorted(rows, key=lambda r: (r["task_id"], r["try_number"])):
+        if r["start_date"] is None:
+            continue
+        out.setdefault(r["task_id"], []).append({"try": r["try_number"], "state": r["state"],
+                                                 "start": seconds(r["start_date"]), "end": seconds(r["end_date"])})
+    return out
+
+
+def xcom(db: Path, dag: str, run: str, task: str) -> Any:
+    rows = query(db, "SELECT value FROM xcom WHERE dag_id = ? AND run_id = ? AND task_id = ? AND key = 'return_value'",
+                 dag, run, task)
+    value = rows[0]["value"] if rows else None
+    while isinstance(value, str | bytes):
+        value = json.loads(value)
+    return value
+
+
+def try_log(home: Path, dag: str, run: str, task: str, number: int) -> str:
+    path = home / "logs" / f"dag_id={dag}" / f"run_id={run}" / f"task_id={task}" / f"attempt={number}.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def conflicts_in(log: str, failed: bool) -> int:
+    """The conflicts one try met: the provider's lines, or one for a failed try whose log names one."""
+    found = len(PROVIDER_CONFLICT.findall(log))
+    if found == 0 and failed and any(name in log for name in CONFLICT_NAMES):
+        return 1
+    return found
+
+
+# -- the table ----------------------------------------------------------------------------------------
+def create_table(spark: Any, path: str, k: int, table: str) -> None:
+    """The seed rows (``partition_count(k)`` partitions of ROWS rows, FILES files each)."""
+    partitions = wl.partition_count(k)
+    partitioned = table == "partitioned"
+    properties = "" if partitioned else " TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')"
+    spark.sql(f"CREATE TABLE delta.`{path}` (id BIGINT, p INT, m STRING, u STRING) USING delta"
+              + (" PARTITIONED BY (p)" if partitioned else "") + properties)
+    rows = spark.range(partitions * wl.ROWS).selectExpr("id", f"CAST(id DIV {wl.ROWS} AS INT) AS p", "'seed' AS m",
+                                                        "'seed' AS u")
+    rows.repartition(partitions, "p").sortWithinPartitions("id").write.format("delta").mode("append") \
+        .option("maxRecordsPerFile", wl.ROWS // wl.FILES).save(path)
+
+
+def check_table(spark: Any, path: str, k: int, table: str, reference: str | None) -> tuple[bool, str]:
+    """Whether the table holds exactly the expected rows (and the reference table's, when given)."""
+    got = {(r["m"], r["u"]): (r["n"], r["s"]) for r in spark.sql(
+        f"SELECT m, u, count(*) AS n, sum(id) AS s FROM delta.`{path}` GROUP BY m, u").collect()}
+    expected = wl.expected_groups(k, table)
+    if got != expected:
+        return False, f"groups {got} != expected {expected}"
+    if reference is not None:
+        differ = spark.sql(f"SELECT count(*) AS n FROM ((SELECT * FROM delta.`{path}` EXCEPT ALL "
+                           f"SELECT * FROM delta.`{reference}`) UNION ALL (SELECT * FROM delta.`{reference}` "
+                           f"EXCEPT ALL SELECT * FROM delta.`{path}`))").collect()[0]["n"]
+        if differ:
+            return False, f"{differ} rows differ from the serial run's table"
+    return True, "expected rows" + (", equal to the serial run's table" if reference else "")
+
+
+# -- one run --------------------------------------------------------------------------------------------
+def figures(db: Path, home: Path, dag: str, run: str, state: str, *, table: str, k: int, mode: str,
+            rep: int, correct: tuple[bool, str]) -> RunFigures:
+    tries = tries_of(db, dag, run)
+    start = min(t["start"] for ts in tries.values() for t in ts)
+    end = max(t["end"] for ts in tries.values() for t in ts)
+    failed = conflicts = 0
+    rerun = 0.0
+    work: dict[str, float] = {}
+    overhead: list[float] = []
+    for task, ts in tries.items():
+        last = ts[-1]
+        failed += last["state"] != "success"
+        for t in ts:
+            lost = t["state"] != "success"
+            conflicts += conflicts_in(try_log(home, dag, run, task, t["try"]), lost)
+            if lost:
+                rerun += t["end"] - t["start"]
+        if last["state"] == "success":
+            work[task] = last["end"] - last["start"]
+            result = xcom(db, dag, run, task)
+            if isinstance(result, dict):
+                rerun += sum(float(c.get("seconds") or 0.0) for c in result.get("conflicts") or ())
+                if result.get("task_seconds") is not None:
+                    overhead.append(float(result["task_seconds"]) - float(result["run_seconds"]))
+    return RunFigures(table, k, mode, rep, state, end - start, failed, conflicts, rerun,
+                      sum(len(ts) for ts in tries.values()), correct[0], correct[1], work, overhead)
+
+
+@contextmanager
+def airflow(work: Path, connect_url: str, args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+    """``airflow standalone`` with the benchmark's DAGs, pools and connections."""
+    home, lake = work / "airflow", work / "lake"
+    home.mkdir()
+    spec = work / "spec.json"
+    wl.write_spec(spec, root=str(lake), connect_url=connect_url, ks=args.writers, tables=args.tables,
+                  serial_pool="bench_serial", conflict_pool="bench", retries=args.retries,
+                  retry_delay=args.retry_delay)
+    pools = work / "pools.toml"
+    pools.write_text(f'[pools.bench]\ntables = ["{lake}/**"]\nmodel = "delta"\nlease_ttl = "120s"\n'
+                     f'heartbeat = "5s"\nairflow_pool = "bench_conflict_pool"\n')
+    env = airflow_env(
+        home, DAGS,
+        AIRFLOW__CORE__PARALLELISM=str(args.parallelism),
+        AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="False",
+        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True",
+        AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="1",
+        AIRFLOW__DELTA_OCC__POOL_FILE=str(pools),
+        AIRFLOW_CONN_DELTA_OCC_DEFAULT=json.dumps({"conn_type": "delta_occ",
+                                                   "extra": {"mode": "connect", "connect_url": connect_url}}),
+        AIRFLOW_CONN_DELTA_OCC_LEASES=json.dumps({"conn_type": "delta_occ_leases",
+                                                  "extra": {"url": f"sqlite:///{work / 'leases.db'}"}}),
+        AIRFLOW_CONN_SPARK_BENCH=json.dumps({"conn_type": "spark", "host": "local[1]",
+                                             "extra": {"deploy-mode": "client"}}),
+        DELTA_OCC_BENCH_SPEC=str(spec),
+    )
+    db = home / "airflow.db"
+
+    def cli(*argv: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run([sys.executable, "-m", "airflow", *argv], env=env, capture_output=True, text=True,
+                              timeout=600)
+        if done.returncode:
+            raise RuntimeError(f"airflow {' '.join(argv)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        return done
+
+    cli("db", "migrate")
+    cli("delta-occ", "pools", "sync")
+    cli("pools", "set", "bench_serial", "1", "the serial mode: one writer at a time")
+    dag_ids = [d["dag_id"] for d in json.loads(spec.read_text())["dags"]]
+    with standalone(env, work / "standalone.log") as server:
+        deadline = time.monotonic() + 600
+        while True:
+            marks = ",".join("?" * len(dag_ids))
+            found = query(db, f"SELECT dag_id FROM serialized_dag WHERE dag_id IN ({marks})", *dag_ids) \
+                if db.exists() else []
+            if len(found) == len(dag_ids):
+                break
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"Airflow did not load the DAGs; see {work / 'standalone.log'}")
+            time.sleep(2)
+
+        def run(dag: str, run_id: str) -> str:
+            cli("dags", "trigger", dag, "-r", run_id)
+            until = time.monotonic() + RUN_TIMEOUT
+            while True:
+                rows = query(db, "SELECT state FROM dag_run WHERE dag_id = ? AND run_id = ?", dag, run_id)
+                if rows and rows[0]["state"] in ("success", "failed"):
+                    return str(rows[0]["state"])
+                if server.poll() is not None or time.monotonic() > until:
+                    raise RuntimeError(f"{dag} {run_id} did not finish; see {work}")
+                time.sleep(1)
+
+        yield {"run": run, "db": db, "home": home, "lake": lake}
+
+
+def mode_order(rep: int) -> list[str]:
+    """Serial first (each job's work); the others rotate so none always runs on a warmer server."""
+    others = ["naive", "inject", "provider"]
+    shift = (rep - 1) % len(others)
+    return ["serial", *others[shift:], *others[:shift]]
+
+
+def run_all(args: argparse.Namespace, work: Path) -> list[RunFigures]:
+    from pyspark.sql import SparkSession
+
+    results: list[RunFigures] = []
+    (work / "spark").mkdir()
+    server_conf = {**delta_submit_conf(), "spark.driver.memory": args.server_memory,
+                   "spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false"}
+    with connect_server(work / "spark", server_conf) as server:
+        spark = SparkSession.builder.remote(server["url"]).getOrCreate()
+        with airflow(work, server["url"], args) as af:
+            for table in args.tables:
+                for k in args.writers:
+                    for rep in range(1, args.reps + 1):
+                        run_id = f"rep{rep}"
+                        serial_path = None
+                        for mode in mode_order(rep):
+                            if mode not in args.modes:
+                                continue
+                            dag = wl.dag_id(table, k, mode)
+                            path = str(af["lake"] / dag / run_id)
+                            create_table(spark, path, k, table)
+                            began = time.time()
+                            state = af["run"](dag, run_id)
+                            correct = check_table(spark, path, k, table, serial_path)
+                            if mode == "serial":
+                                serial_path = path
+                            result = figures(af["db"], af["home"], dag, run_id, state, table=table, k=k, mode=mode,
+                                             rep=rep, correct=correct)
+                            results.append(result)
+                            print(f"{table:12} K={k:<2} rep {rep} {mode:8} {state:7} makespan {result.makespan:6.1f} s"
+                                  f"  failed {result.failed_tasks}  conflicts {result.conflicts}  re-run "
+                                  f"{result.rerun_seconds:5.1f} s  tries {result.tries}  {result.correctness} "
+                                  f"({time.time() - began:.0f} s wall)", flush=True)
+                            (work / "results.json").write_text(json.dumps([asdict(r) for r in results], indent=1))
+        spark.stop()
+    return results
+
+
+# -- the report -----------------------------------------------------------------------------------------
+def summarize(results: list[RunFigures], slots: int) -> list[dict[str, Any]]:
+    """One row per (table, K, mode): medians with min and max over the repetitions, and the ideal bound."""
+    rows = []
+    for table in dict.fromkeys(r.table for r in results):
+        for k in dict.fromkeys(r.k for r in results if r.table == table):
+            group = [r for r in results if r.table == table and r.k == k]
+            serial = [r for r in group if r.mode == "serial"]
+            ws = wl.writers(k, table)
+            ideal = None
+            if serial and all(len(r.work) == k for r in serial):
+                work = {w.task_id: statistics.median(r.work[w.task_id] for r in serial) for w in ws}
+                ideal = wl.ideal_makespan(ws, work, slots)
+            for mode in wl.MODES:
+                runs = [r for r in group if r.mode == mode]
+                if not runs:
+                    continue
+
+                def spread(values: list[float], fmt: str = "{:.1f}") -> str:
+                    med = statistics.median(values)
+                    if len(values) == 1:
+                        return fmt.format(med)
+                    return f"{fmt.format(med)} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
+                makespans = [r.makespan for r in runs]
+                row = {"table": table, "k": k, "mode": mode, "reps": len(runs),
+                       "failed": spread([float(r.failed_tasks) for r in runs], "{:.0f}"),
+                       "conflicts": spread([float(r.conflicts) for r in runs], "{:.0f}"),
+                       "rerun": spread([r.rerun_seconds for r in runs]),
+                       "makespan": spread(makespans), "makespan_median": statistics.median(makespans),
+                       "correct": f"{sum(r.correct for r in runs)}/{len(runs)}",
+                       "ideal": ideal["bound"] if ideal else None,
+                       "ratio": spread([m / ideal["bound"] for m in makespans], "{:.2f}") if ideal else "n/a",
+                       "ideal_parts": ideal}
+                rows.append(row)
+    return rows
+
+
+def chart(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = list(dict.fromkeys((r["table"], r["k"]) for r in rows))
+    fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(groups)), 4.2))
+    width = 0.8 / len(wl.MODES)
+    colors = {"naive": "#d62728", "inject": "#ff7f0e", "provider": "#2ca02c", "serial": "#7f7f7f"}
+    for i, mode in enumerate(["naive", "inject", "provider", "serial"]):
+        xs, ys = [], []
+        for g, (table, k) in enumerate(groups):
+            match = [r for r in rows if (r["table"], r["k"], r["mode"]) == (table, k, mode)]
+            if match:
+                xs.append(g + (i - 1.5) * width)
+                ys.append(match[0]["makespan_median"])
+        ax.bar(xs, ys, width, label=wl.MODE_LABELS[mode], color=colors[mode])
+    for g, (table, k) in enumerate(groups):
+        ideal = next((r["ideal"] for r in rows if (r["table"], r["k"]) == (table, k) and r["ideal"]), None)
+        if ideal:
+            ax.hlines(ideal, g - 0.45, g + 0.45, colors="black", linestyles="dashed",
+                      label="ideal schedule (lower bound)" if g == 0 else None)
+    ax.set_xticks(range(len(groups)), [f"{table}\nK={k}" for table, k in groups])
+    ax.set_ylabel("makespan, s (median)")
+    ax.set_title("K concurrent Delta writers through Airflow")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def report(rows: list[dict[str, Any]], overhead: list[float], args: argparse.Namespace, wall: float) -> str:
+    import delta
+    import pyspark
+    from airflow import __version__ as airflow_version
+
+    lines = [
+        f"Run with `{' '.join(['benchmarks/headline.py', *sys.argv[1:]])}` on {platform.machine()}, "
+        f"{os.cpu_count()} cores, Python {platform.python_version()}, Airflow {airflow_version}, "
+        f"pyspark {pyspark.__version__}, delta-spark {getattr(delta, '__version__', '4.4.0')}; "
+        f"{time.strftime('%Y-%m-%d')}; the whole run took {wall / 60:.0f} min.",
+        "",
+        f"Spark: one Connect server, `local[2]`, every job runs there. Airflow: `airflow standalone`, "
+        f"LocalExecutor, parallelism {args.parallelism}. Naive and injection-only tasks: retries={args.retries}, "
+        f"retry_delay={args.retry_delay:.0f} s. Rows per partition {wl.ROWS:,}, {wl.FILES} files each; every writer "
+        f"touches {wl.HALF:,} rows. Ideal = max(total work / {args.parallelism} slots, heaviest chain of mutually "
+        "conflicting jobs, longest job), work per job from the serial run. Medians, (min-max) over repetitions.",
+        "",
+        "| table | K | mode | reps | failed tasks | Delta conflicts | Spark work re-run, s | makespan, s | "
+        "ideal, s | makespan / ideal | correct |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ideal = f"{r['ideal']:.1f}" if r["ideal"] else "n/a"
+        lines.append(f"| {r['table']} | {r['k']} | {wl.MODE_LABELS[r['mode']]} | "
+                     f"{r['reps']} | {r['failed']} | {r['conflicts']} | {r['rerun']} | {r['makespan']} | {ideal} | "
+                     f"{r['ratio']} | {r['correct']} |")
+    lines += ["", "Modes: " + "; ".join(wl.MODE_TITLES[m] for m in ("naive", "inject", "provider", "serial")) + "."]
+    bounds = {(r["table"], r["k"]): r["ideal_parts"] for r in rows if r["ideal_parts"]}
+    for (table, k), parts in bounds.items():
+        lines.append(f"- {table}, K={k}: total work {parts['total_work']:.1f} s, heaviest conflicting chain "
+                     f"{parts['chain']:.1f} s ({len(parts['chain_members'])} jobs), "
+                     f"longest job {parts['longest']:.1f} s.")
+    if overhead:
+        lines.append("- The provider's own time per task (`task_seconds - run_seconds` of each job's result: "
+                     "opening the Spark Connect session, reading the Delta log, planning, confirming the commit; "
+                     f"lease waits excluded): median {statistics.median(overhead):.2f} s, max {max(overhead):.2f} s "
+                     f"over {len(overhead)} tasks.")
+    lines += ["", f"![makespan per mode]({CHART.name})"]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--writers", type=int, nargs="+", default=[4, 8, 16])
+    parser.add_argument("--tables", nargs="+", choices=wl.TABLES, default=list(wl.TABLES))
+    parser.add_argument("--modes", nargs="+", choices=wl.MODES, default=list(wl.MODES))
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--parallelism", type=int, default=4)
+    parser.add_argument("--retries", type=int, default=3, help="Airflow retries of the naive and injection-only tasks")
+    parser.add_argument("--retry-delay", type=float, default=30.0, help="their retry_delay, seconds")
+    parser.add_argument("--server-memory", default="4g")
+    parser.add_argument("--work", type=Path, help="keep the run's files here (default: a temporary folder)")
+    parser.add_argument("--no-doc", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    parser.add_argument("--report", type=Path, metavar="RESULTS_JSON",
+                        help="only report the results.json of an earlier run (its work folder), running nothing")
+    args = parser.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="delta-occ-headline-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"work folder: {work}", flush=True)
+    started = time.time()
+    if args.report:
+        results = [RunFigures(**r) for r in json.loads(args.report.read_text())]
+    else:
+        results = run_all(args, work)
+    rows = summarize(results, args.parallelism)
+    overhead = [o for r in results for o in r.overhead]
+    text = report(rows, overhead, args, time.time() - started)
+    print(text)
+    if not args.no_doc:
+        chart(rows, CHART)
+        write_section("headline", "Headline: concurrent writers through Airflow, naive vs the provider", text)
+    if args.work is None:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+"""The naive writer: a plain PySpark application, submitted by Airflow's own ``SparkSubmitOperator``.
+
+It runs one SQL statement exactly as the DAG author wrote it (no partition predicate is added) on the
+benchmark's Spark Connect server, and fails like any PySpark job when Delta raises a conflict; the
+only retries are Airflow's.
+
+Usage: ``spark-submit headline_job.py CONNECT_URL SQL``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pyspark.sql import SparkSession
+
+
+def main(connect_url: str, sql: str) -> None:
+    # spark-submit (which SparkSubmitHook always gives a --master) exports MASTER to the Python driver;
+    # pyspark refuses a master next to a Connect URL, and this job's Spark is the Connect server.
+    os.environ.pop("MASTER", None)
+    spark = SparkSession.builder.remote(connect_url).getOrCreate()
+    try:
+        spark.sql(sql).collect()
+    finally:
+        spark.stop()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -37,7 +37,7 @@ from airflow_delta_occ.jobs.result import JobResult
 from airflow_delta_occ.jobs.spec import JobSpec
 from airflow_delta_occ.retry.classify import ConflictKind, classify_conflict, conflict_failure
 from airflow_delta_occ.spark.session import CONNECT_MODE_FLAG
-from airflow_delta_occ.spark.storage import SECRET_CONF_ENV, SparkStorageSettings, is_secret_conf
+from airflow_delta_occ.spark.storage import SECRET_CONF_ENV, SparkStorageSettings, is_secret_conf, with_redaction
 
 if TYPE_CHECKING:
     from airflow_delta_occ.engine.object_store import StorageCredentials
@@ -121,13 +121,16 @@ class DeltaSparkHook(BaseHook):
         self._storage = storage_settings(used, self.storage_credentials)
 
     def _conf_with_storage(self, base: Mapping[str, str]) -> dict[str, str]:
-        """``base`` confs, then the storage settings, then the user's; connector jars join the packages."""
+        """``base`` confs, then the storage settings, then the user's; connector jars join the packages.
+
+        Spark's redaction pattern is widened when a secret is among them (``spark.storage.with_redaction``)
+        so its UI and event logs hide OpenLineage transport credentials and ABFS keys too."""
         conf = {**base, **self.storage.spark_conf(), **self.spark_conf}
         packages = [p for value in (base.get("spark.jars.packages"), ",".join(self.storage.packages),
                                     self.spark_conf.get("spark.jars.packages")) if value for p in value.split(",")]
         if packages:
             conf["spark.jars.packages"] = ",".join(dict.fromkeys(p.strip() for p in packages if p.strip()))
-        return conf
+        return with_redaction(conf)
 
     # -- sessions ---------------------------------------------------------------------------------
     def connect_url(self) -> str:
@@ -153,7 +156,11 @@ class DeltaSparkHook(BaseHook):
         return str(url)
 
     def get_spark(self) -> Any:
-        """A SparkSession for embedded or Connect mode (a new Connect session on every call)."""
+        """A SparkSession for embedded or Connect mode (a new Connect session on every call).
+
+        Embedded: the secret confs (storage keys, OpenLineage transport credentials) reach the JVM
+        over py4j, never its command line (see ``spark.session.local_delta_session``).
+        """
         if self.mode == "connect":
             from pyspark.sql import SparkSession
 
@@ -192,9 +199,7 @@ class DeltaSparkHook(BaseHook):
         try:
             for key, value in self.storage.hadoop.items():  # session-level Hadoop settings on the server
                 spark.conf.set(key, value)
-            for key, value in self.spark_conf.items():  # OpenLineage parent job info, on the job's session
-                if key.startswith(OPENLINEAGE_CONF_PREFIX):
-                    spark.conf.set(key, value)
+            self._set_connect_conf(spark)  # the user's last: it overrides the storage settings
             yield spark
         finally:
             try:
@@ -204,6 +209,45 @@ class DeltaSparkHook(BaseHook):
                     os.environ.pop(CONNECT_MODE_FLAG, None)
                 else:
                     os.environ[CONNECT_MODE_FLAG] = flag_before
+
+    def _set_connect_conf(self, spark: Any) -> None:
+        """Set ``spark_conf`` (the connection's, the task's, the OpenLineage properties) on the job's
+        Connect session.
+
+        A Connect client can change only its session's runtime settings (``spark.sql.*``, Delta's,
+        ``spark.hadoop.*``, OpenLineage's); the server's own launch fixes the rest (executor memory,
+        jars, SQL extensions), and the server refuses them with ``CANNOT_MODIFY_CONFIG`` or
+        ``CANNOT_MODIFY_STATIC_CONFIG``. Those keys are skipped with one warning naming them, not
+        raised: a connection's ``spark_conf`` also serves its spark-submit jobs, where such keys are
+        right, and pyspark's own Connect builder skips them too (silently; here the task log says
+        so). A value the server rejects for a key it *would* set (a mistyped number) is the
+        author's error, and the job would otherwise run with a setting it was not given.
+
+        Raises:
+            ProviderConfigError: the server rejected a value, naming the key (a secret's value is not shown).
+        """
+        from pyspark.errors import PySparkException
+
+        skipped = []
+        for key, value in self.spark_conf.items():
+            try:
+                spark.conf.set(key, value)
+            except PySparkException as exc:
+                condition = exc.getCondition() or ""
+                if condition in CONNECT_SERVER_WIDE_CONDITIONS:
+                    skipped.append(key)
+                    continue
+                if not condition.startswith("INVALID_CONF_VALUE"):
+                    raise
+                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else condition
+                shown = "***" if is_secret_conf(key) else repr(value)
+                if is_secret_conf(key) and value:
+                    reason = reason.replace(value, "***")
+                raise ProviderConfigError(f"the Spark Connect server refused spark_conf {key}={shown}: {reason}") \
+                    from exc
+        if skipped:
+            self.log.warning("Spark Connect: spark_conf %s not applied to the job's session: the server fixes "
+                             "them when it starts (set them in the server's own configuration)", ", ".join(skipped))
 
     def test_connection(self) -> tuple[bool, str]:
         """The connection form's test button: can this connection run a job?
@@ -478,7 +522,8 @@ def _without_params(url: str) -> str:
 
 
 INTERRUPT_ON_CANCEL = "spark.job.interruptOnCancel"
-OPENLINEAGE_CONF_PREFIX = "spark.openlineage."
+#: Spark Connect's error conditions for a key only the server's launch can set (skipped, with a warning).
+CONNECT_SERVER_WIDE_CONDITIONS = frozenset({"CANNOT_MODIFY_CONFIG", "CANNOT_MODIFY_STATIC_CONFIG"})
 KILL_TIMEOUT_SECONDS = 60.0
 """How long ``on_kill`` waits for Spark to confirm the stop (the Task SDK's SIGKILL follows anyway)."""
 

@@ -74,24 +74,33 @@ def local_delta_session(
     Timestamps are handled in UTC so partition values written by Spark read back the same in the
     engine. ``delta.exceptions.captured`` is imported when present so conflicts arrive as
     ``delta.exceptions`` classes instead of raw ``Py4JJavaError``.
+
+    Secret confs (``spark.storage.is_secret_conf``: storage keys, OpenLineage transport credentials)
+    never reach the JVM's command line, which every local user can read (``ps``): see
+    ``_launch_jvm_without_secrets``. They still reach the SparkContext's ``SparkConf``, where Spark
+    derives the Hadoop configuration from ``spark.hadoop.*`` and listeners read their settings.
     """
     from pyspark.sql import SparkSession
 
     warehouse = os.path.join(tempfile.gettempdir(), "airflow-delta-occ-warehouse")
-    from delta.pip_utils import configure_spark_with_delta_pip
-
-    builder = (
-        configure_spark_with_delta_pip(SparkSession.builder.master(master).appName(app_name))
-        .config("spark.jars.ivy", ivy_dir())
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.warehouse.dir", warehouse)
-        .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={warehouse}")
-        .config("spark.databricks.delta.snapshotPartitions", "2")
-    )
-    for key, value in {**DELTA_SESSION_CONF, **(conf or {})}.items():
+    options = {
+        "spark.master": master,
+        "spark.app.name": app_name,
+        "spark.jars.packages": delta_maven_coordinates(),
+        "spark.jars.ivy": ivy_dir(),
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.default.parallelism": "2",
+        "spark.ui.enabled": "false",
+        "spark.sql.warehouse.dir": warehouse,
+        "spark.driver.extraJavaOptions": f"-Dderby.system.home={warehouse}",
+        "spark.databricks.delta.snapshotPartitions": "2",
+        **DELTA_SESSION_CONF,
+        **(conf or {}),
+    }
+    _launch_jvm_without_secrets(options)
+    builder = SparkSession.builder
+    for key, value in options.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
@@ -100,6 +109,27 @@ def local_delta_session(
     except ImportError:
         pass
     return spark
+
+
+def _launch_jvm_without_secrets(options: Mapping[str, str]) -> None:
+    """Start this process's Spark JVM, if it has none yet, with every conf but the secret ones.
+
+    pyspark starts the JVM as ``spark-submit --conf k=v ... pyspark-shell`` with *every* conf of the
+    first SparkContext (``pyspark.java_gateway.launch_gateway``), and a command line is readable by
+    any user of the machine. Launching the gateway first with the public confs (those spark-submit
+    itself must see: ``spark.jars.packages``, the driver's Java options) makes the SparkContext
+    created next take the secret ones over py4j instead, as it does for any context after the
+    first. ``SparkContext._ensure_initialized`` is the call pyspark makes itself for this; it does
+    nothing when the JVM already runs. The s3 tier (``tests/s3/test_secrets.py``) scans every
+    process's command line to keep this true for the pinned pyspark.
+    """
+    from pyspark import SparkConf
+    from pyspark.core.context import SparkContext
+
+    from airflow_delta_occ.spark.storage import split_secret_confs
+
+    public, _secrets = split_secret_confs(options)
+    SparkContext._ensure_initialized(conf=SparkConf(loadDefaults=False).setAll(list(public.items())))
 
 
 def main() -> None:

@@ -39,8 +39,12 @@ MULTI_DRIVER_LOG_STORE = "io.delta.storage.S3DynamoDBLogStore"
 #: The S3 LogStores that keep commits exclusive across Spark drivers (put-if-absent through DynamoDB).
 MULTI_DRIVER_LOG_STORES = frozenset({MULTI_DRIVER_LOG_STORE})
 REDACTION_CONF = "spark.redaction.regex"
-# Spark's default pattern, plus ABFS account keys.
-REDACTION_REGEX = "(?i)secret|password|token|access[.]?key|account[.]key|api[.]?key"
+#: Spark's default pattern, plus ABFS account keys, API keys, and the credentials of an OpenLineage
+#: transport: ``spark.openlineage.transport[.transports.NAME].auth.*`` and ``...headers.*``, where the
+#: OpenLineage provider puts an HTTP transport's API key and its custom headers (an ``Authorization``
+#: header is a bearer token under a name no other part of the pattern catches).
+REDACTION_REGEX = ("(?i)secret|password|token|access[.]?key|account[.]key|api[.]?key"
+                   "|openlineage[.]transport[.](?:.+[.])?(?:auth|headers)[.]")
 
 
 #: The environment variable that carries secret confs to a spark-submit driver running on the worker
@@ -50,8 +54,26 @@ SECRET_CONF_ENV = "DELTA_OCC_SECRET_CONF"
 
 
 def is_secret_conf(key: str) -> bool:
-    """Whether a Spark conf key holds a secret (Spark's redaction pattern widened to ABFS keys)."""
+    """Whether a Spark conf key holds a secret (``REDACTION_REGEX``: Spark's redaction pattern widened
+    to ABFS keys and OpenLineage transport credentials). Such a value must not be put on a command
+    line, which every user of the machine can read."""
     return re.search(REDACTION_REGEX, key) is not None
+
+
+def split_secret_confs(conf: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """``conf`` as (the confs a command line may carry, the secret ones), each in ``conf``'s order."""
+    secrets = {key: value for key, value in conf.items() if is_secret_conf(key)}
+    return {key: value for key, value in conf.items() if key not in secrets}, secrets
+
+
+def with_redaction(conf: Mapping[str, str]) -> dict[str, str]:
+    """``conf``, with Spark's redaction pattern widened to ``REDACTION_REGEX`` when it holds a secret
+    Spark's default pattern would show in its UI and event logs (an ABFS account key, an OpenLineage
+    ``Authorization`` header). A pattern the confs already set is kept: it is the user's choice."""
+    conf = dict(conf)
+    if REDACTION_CONF not in conf and any(is_secret_conf(key) for key in conf):
+        conf[REDACTION_CONF] = REDACTION_REGEX
+    return conf
 
 
 @dataclass(frozen=True)
@@ -71,12 +93,9 @@ class SparkStorageSettings:
 
         Spark hides conf values whose key matches ``spark.redaction.regex`` in its UI and event logs;
         the default misses ABFS account keys (``fs.azure.account.key.<host>``), so the pattern is
-        widened when one is present (a user's own ``spark_conf`` still wins).
+        widened when a secret is present (see ``with_redaction``; a user's own ``spark_conf`` still wins).
         """
-        conf = {HADOOP_PREFIX + key: value for key, value in self.hadoop.items()}
-        if any(key.startswith("fs.azure.account.key.") for key in self.hadoop):
-            conf[REDACTION_CONF] = REDACTION_REGEX
-        return conf
+        return with_redaction({HADOOP_PREFIX + key: value for key, value in self.hadoop.items()})
 
 
 def hadoop_version() -> str:

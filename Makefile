@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-unit test-spark test-airflow test-postgres test-s3 lint typecheck bench demo clean
+.PHONY: setup test test-unit test-spark test-airflow test-postgres test-s3 lint typecheck bench bench-headline demo clean
 
 setup: $(STAMP)
 
@@ -47,6 +47,10 @@ bench: setup
 	$(PY) benchmarks/conflict_check.py
 	$(PY) benchmarks/plan_footprint.py
 	$(PY) benchmarks/leases.py
+
+## K concurrent writers through a real Airflow, naive vs the provider (long: about 1 h per K=4/8 pair of tables).
+bench-headline: setup
+	$(PY) benchmarks/headline.py $(HEADLINE_ARGS)
 
 demo: setup
 	$(PY) -m airflow_delta_occ.demo --dags-folder dags_examples

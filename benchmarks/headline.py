@@ -35,7 +35,6 @@ import os
 import platform
 import re
 import shutil
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -56,6 +55,7 @@ from _report import write_section  # noqa: E402
 
 from airflow_delta_occ.demo import airflow_env, standalone  # noqa: E402
 from airflow_delta_occ.spark.session import delta_submit_conf  # noqa: E402
+from tests.airflow_db import query, xcom  # noqa: E402
 from tests.servers import connect_server  # noqa: E402
 
 DAGS = HERE / "headline_dags"
@@ -91,19 +91,6 @@ class RunFigures:
 
 
 # -- Airflow's records --------------------------------------------------------------------------------
-def query(db: Path, sql: str, *params: Any) -> list[dict[str, Any]]:
-    for attempt in range(30):
-        try:
-            with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as con:
-                con.row_factory = sqlite3.Row
-                return [dict(r) for r in con.execute(sql, params)]
-        except sqlite3.OperationalError:
-            if attempt == 29:
-                raise
-            time.sleep(0.5)
-    return []
-
-
 def seconds(value: str | None) -> float:
     return datetime.fromisoformat(str(value)).timestamp() if value else float("nan")
 
@@ -120,15 +107,6 @@ def tries_of(db: Path, dag: str, run: str) -> dict[str, list[dict[str, Any]]]:
         out.setdefault(r["task_id"], []).append({"try": r["try_number"], "state": r["state"],
                                                  "start": seconds(r["start_date"]), "end": seconds(r["end_date"])})
     return out
-
-
-def xcom(db: Path, dag: str, run: str, task: str) -> Any:
-    rows = query(db, "SELECT value FROM xcom WHERE dag_id = ? AND run_id = ? AND task_id = ? AND key = 'return_value'",
-                 dag, run, task)
-    value = rows[0]["value"] if rows else None
-    while isinstance(value, str | bytes):
-        value = json.loads(value)
-    return value
 
 
 def try_log(home: Path, dag: str, run: str, task: str, number: int) -> str:

@@ -21,7 +21,6 @@ import json
 import os
 import re
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -36,6 +35,8 @@ import pytest
 from airflow_delta_occ.demo import free_port
 from airflow_delta_occ.engine import DeltaLog
 
+from ..airflow_db import query as _query
+from ..airflow_db import xcom
 from ..spark.differential.harness import gate_jar
 from .conftest import AIRFLOW
 
@@ -50,20 +51,6 @@ DELTA_TASKS = ("merge_exhausted", "merge_fail_policy", "bad_partitions", "append
 
 
 # -- reading what Airflow recorded ----------------------------------------------------------------
-def _query(db: Path, sql: str, *params: Any) -> list[dict[str, Any]]:
-    """Rows of the metadata database (read-only; retried while the scheduler holds a write lock)."""
-    for attempt in range(20):
-        try:
-            with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as con:
-                con.row_factory = sqlite3.Row
-                return [dict(r) for r in con.execute(sql, params)]
-        except sqlite3.OperationalError:
-            if attempt == 19:
-                raise
-            time.sleep(0.5)
-    return []
-
-
 _TI_COLUMNS = "task_id, state, try_number, max_tries, start_date, end_date, retry_delay_override, retry_reason"
 
 
@@ -83,14 +70,7 @@ def _earlier_tries(db: Path, run_id: str) -> dict[str, list[dict[str, Any]]]:
 
 
 def _xcom(db: Path, run_id: str, task_id: str, dag_id: str = DAG_ID) -> Any:
-    rows = _query(db, "SELECT value FROM xcom WHERE dag_id = ? AND run_id = ? AND task_id = ? AND key = "
-                      "'return_value'", dag_id, run_id, task_id)
-    if not rows:
-        return None
-    value = rows[0]["value"]
-    while isinstance(value, str | bytes):
-        value = json.loads(value)
-    return value
+    return xcom(db, dag_id, run_id, task_id)
 
 
 def _tries_in_output(output: str) -> dict[tuple[str, int], str]:

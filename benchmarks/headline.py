@@ -43,7 +43,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +61,7 @@ from tests.servers import connect_server  # noqa: E402
 DAGS = HERE / "headline_dags"
 CHART = HERE.parent / "docs" / "headline.png"
 RUN_TIMEOUT = 3600.0
-FINAL = {"success", "failed", "upstream_failed", "skipped"}
+DONE = {"success", "skipped"}   # a skipped OPTIMIZE found its work done by another (its policy)
 CONFLICT_NAMES = ("ConcurrentAppendException", "ConcurrentDeleteReadException", "ConcurrentDeleteDeleteException",
                   "MetadataChangedException", "ProtocolChangedException", "ConcurrentTransactionException",
                   "ConcurrentWriteException", "DELTA_CONCURRENT_")
@@ -81,18 +81,25 @@ class RunFigures:
     state: str
     makespan: float
     failed_tasks: int
+    skipped_tasks: int
     conflicts: int
-    rerun_seconds: float
+    rerun_seconds: float          # tries a conflict failed, and in-job attempts a conflict ended
+    other_failures: int           # tries that failed for anything but a conflict (the run is suspect)
     tries: int
     correct: bool
     correctness: str
     work: dict[str, float] = field(default_factory=dict)   # task -> seconds of its successful try
-    overhead: list[float] = field(default_factory=list)     # provider tasks: task_seconds - run_seconds
+    spark: dict[str, float] = field(default_factory=dict)  # task -> run_seconds of its job (read to commit)
+    overhead: list[float] = field(default_factory=list)    # serial tasks: task_seconds - run_seconds
 
 
 # -- Airflow's records --------------------------------------------------------------------------------
 def seconds(value: str | None) -> float:
-    return datetime.fromisoformat(str(value)).timestamp() if value else float("nan")
+    """Airflow's UTC timestamps (stored without a zone in SQLite) as epoch seconds."""
+    if not value:
+        return float("nan")
+    stamp = datetime.fromisoformat(str(value))
+    return (stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)).timestamp()
 
 
 def tries_of(db: Path, dag: str, run: str) -> dict[str, list[dict[str, Any]]]:
@@ -115,7 +122,8 @@ def try_log(home: Path, dag: str, run: str, task: str, number: int) -> str:
 
 
 def conflicts_in(log: str, failed: bool) -> int:
-    """The conflicts one try met: the provider's lines, or one for a failed try whose log names one."""
+    """The conflicts one try met: the provider's lines, or one for a failed try whose log names one
+    (a plain PySpark job's traceback)."""
     found = len(PROVIDER_CONFLICT.findall(log))
     if found == 0 and failed and any(name in log for name in CONFLICT_NAMES):
         return 1
@@ -156,29 +164,36 @@ def check_table(spark: Any, path: str, k: int, table: str, reference: str | None
 def figures(db: Path, home: Path, dag: str, run: str, state: str, *, table: str, k: int, mode: str,
             rep: int, correct: tuple[bool, str]) -> RunFigures:
     tries = tries_of(db, dag, run)
-    start = min(t["start"] for ts in tries.values() for t in ts)
-    end = max(t["end"] for ts in tries.values() for t in ts)
-    failed = conflicts = 0
+    every = [t for ts in tries.values() for t in ts]
+    start = min((t["start"] for t in every), default=float("nan"))
+    end = max((t["end"] for t in every), default=float("nan"))
+    failed = skipped = conflicts = other = 0
     rerun = 0.0
     work: dict[str, float] = {}
+    spark: dict[str, float] = {}
     overhead: list[float] = []
     for task, ts in tries.items():
         last = ts[-1]
-        failed += last["state"] != "success"
+        failed += last["state"] not in DONE
+        skipped += last["state"] == "skipped"
         for t in ts:
-            lost = t["state"] != "success"
-            conflicts += conflicts_in(try_log(home, dag, run, task, t["try"]), lost)
-            if lost:
-                rerun += t["end"] - t["start"]
-        if last["state"] == "success":
+            lost = t["state"] not in DONE
+            met = conflicts_in(try_log(home, dag, run, task, t["try"]), lost)
+            conflicts += met
+            if lost and met:
+                rerun += t["end"] - t["start"]   # the whole try: its Spark work is thrown away
+            elif lost:
+                other += 1
+        if last["state"] in DONE:
             work[task] = last["end"] - last["start"]
-            result = xcom(db, dag, run, task)
-            if isinstance(result, dict):
-                rerun += sum(float(c.get("seconds") or 0.0) for c in result.get("conflicts") or ())
-                if result.get("task_seconds") is not None:
-                    overhead.append(float(result["task_seconds"]) - float(result["run_seconds"]))
-    return RunFigures(table, k, mode, rep, state, end - start, failed, conflicts, rerun,
-                      sum(len(ts) for ts in tries.values()), correct[0], correct[1], work, overhead)
+        result = xcom(db, dag, run, task)
+        if isinstance(result, dict):
+            rerun += sum(float(c.get("seconds") or 0.0) for c in result.get("conflicts") or ())
+            spark[task] = float(result.get("run_seconds") or 0.0)
+            if mode == "serial" and result.get("task_seconds") is not None:  # never deferred: the whole task
+                overhead.append(float(result["task_seconds"]) - float(result["run_seconds"]))
+    return RunFigures(table, k, mode, rep, state, end - start, failed + (k - len(tries)), skipped, conflicts, rerun,
+                      other, len(every), correct[0], correct[1], work, spark, overhead)
 
 
 @contextmanager
@@ -247,6 +262,13 @@ def airflow(work: Path, connect_url: str, args: argparse.Namespace) -> Iterator[
         yield {"run": run, "db": db, "home": home, "lake": lake}
 
 
+def describe(r: RunFigures, wall: float) -> str:
+    """One line per DAG run while the benchmark goes."""
+    return (f"{r.table:12} K={r.k:<2} rep {r.rep} {r.mode:8} {r.state:7} makespan {r.makespan:6.1f} s  failed "
+            f"{r.failed_tasks}  skipped {r.skipped_tasks}  conflicts {r.conflicts}  re-run {r.rerun_seconds:5.1f} s  "
+            f"other failures {r.other_failures}  tries {r.tries}  {r.correctness} ({wall:.0f} s wall)")
+
+
 def mode_order(rep: int) -> list[str]:
     """Serial first (each job's work); the others rotate so none always runs on a warmer server."""
     others = ["naive", "inject", "provider"]
@@ -264,30 +286,40 @@ def run_all(args: argparse.Namespace, work: Path) -> list[RunFigures]:
     with connect_server(work / "spark", server_conf) as server:
         spark = SparkSession.builder.remote(server["url"]).getOrCreate()
         with airflow(work, server["url"], args) as af:
+
+            def one(table: str, k: int, mode: str, run_id: str, reference: str | None) -> tuple[RunFigures, str]:
+                dag = wl.dag_id(table, k, mode)
+                path = str(af["lake"] / dag / run_id)
+                create_table(spark, path, k, table)
+                try:
+                    state = af["run"](dag, run_id)
+                    correct = check_table(spark, path, k, table, reference)
+                except Exception as exc:  # a run that did not finish is a result, not the end of the benchmark
+                    state, correct = "failed", (False, f"run did not finish: {exc}"[:300])
+                return figures(af["db"], af["home"], dag, run_id, state, table=table, k=k, mode=mode, rep=0,
+                               correct=correct), path
+
+            if args.warmup:
+                # The Connect server's JIT and caches warm up on a run nobody measures.
+                warm, _ = one(args.tables[0], min(args.writers), "serial", "warmup", None)
+                print(f"warm-up run: {warm.state} in {warm.makespan:.0f} s", flush=True)
             for table in args.tables:
                 for k in args.writers:
                     for rep in range(1, args.reps + 1):
-                        run_id = f"rep{rep}"
-                        serial_path = None
+                        reference = None
                         for mode in mode_order(rep):
                             if mode not in args.modes:
                                 continue
-                            dag = wl.dag_id(table, k, mode)
-                            path = str(af["lake"] / dag / run_id)
-                            create_table(spark, path, k, table)
                             began = time.time()
-                            state = af["run"](dag, run_id)
-                            correct = check_table(spark, path, k, table, serial_path)
-                            if mode == "serial":
-                                serial_path = path
-                            result = figures(af["db"], af["home"], dag, run_id, state, table=table, k=k, mode=mode,
-                                             rep=rep, correct=correct)
+                            result, path = one(table, k, mode, f"rep{rep}", reference)
+                            result.rep = rep
+                            if mode == "serial" and result.state == "success" and result.correct:
+                                reference = path   # the others must leave exactly its rows
                             results.append(result)
-                            print(f"{table:12} K={k:<2} rep {rep} {mode:8} {state:7} makespan {result.makespan:6.1f} s"
-                                  f"  failed {result.failed_tasks}  conflicts {result.conflicts}  re-run "
-                                  f"{result.rerun_seconds:5.1f} s  tries {result.tries}  {result.correctness} "
-                                  f"({time.time() - began:.0f} s wall)", flush=True)
-                            (work / "results.json").write_text(json.dumps([asdict(r) for r in results], indent=1))
+                            print(describe(result, time.time() - began), flush=True)
+                            kept = {key: v for key, v in vars(args).items() if key not in ("work", "report")}
+                            (work / "results.json").write_text(json.dumps(
+                                {"args": kept, "results": [asdict(r) for r in results]}, indent=1))
         spark.stop()
     return results
 
@@ -302,9 +334,12 @@ def summarize(results: list[RunFigures], slots: int) -> list[dict[str, Any]]:
             serial = [r for r in group if r.mode == "serial"]
             ws = wl.writers(k, table)
             ideal = None
-            if serial and all(len(r.work) == k for r in serial):
-                work = {w.task_id: statistics.median(r.work[w.task_id] for r in serial) for w in ws}
-                ideal = wl.ideal_makespan(ws, work, slots)
+            good = [r for r in serial if r.correct and len(r.work) == k and len(r.spark) == k]
+            if good:
+                # Each job alone, its fastest repetition: the bound must not be looser than the machine.
+                work = {w.task_id: min(r.work[w.task_id] for r in good) for w in ws}
+                alone = {w.task_id: min(r.spark[w.task_id] for r in good) for w in ws}
+                ideal = wl.ideal_makespan(ws, work, alone, slots)
             for mode in wl.MODES:
                 runs = [r for r in group if r.mode == mode]
                 if not runs:
@@ -318,7 +353,10 @@ def summarize(results: list[RunFigures], slots: int) -> list[dict[str, Any]]:
 
                 makespans = [r.makespan for r in runs]
                 row = {"table": table, "k": k, "mode": mode, "reps": len(runs),
+                       "runs_ok": f"{sum(r.state == 'success' for r in runs)}/{len(runs)}",
                        "failed": spread([float(r.failed_tasks) for r in runs], "{:.0f}"),
+                       "skipped": spread([float(r.skipped_tasks) for r in runs], "{:.0f}"),
+                       "other": spread([float(r.other_failures) for r in runs], "{:.0f}"),
                        "conflicts": spread([float(r.conflicts) for r in runs], "{:.0f}"),
                        "rerun": spread([r.rerun_seconds for r in runs]),
                        "makespan": spread(makespans), "makespan_median": statistics.median(makespans),
@@ -366,26 +404,34 @@ def report(rows: list[dict[str, Any]], overhead: list[float], args: argparse.Nam
     import pyspark
     from airflow import __version__ as airflow_version
 
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.machine()) if Path("/proc/cpuinfo").exists() else ""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     lines = [
-        f"Run with `{' '.join(['benchmarks/headline.py', *sys.argv[1:]])}` on {platform.machine()}, "
-        f"{os.cpu_count()} cores, Python {platform.python_version()}, Airflow {airflow_version}, "
-        f"pyspark {pyspark.__version__}, delta-spark {getattr(delta, '__version__', '4.4.0')}; "
-        f"{time.strftime('%Y-%m-%d')}; the whole run took {wall / 60:.0f} min.",
+        f"Run with `benchmarks/headline.py {' '.join(args.argv)}` on {cpu}, {os.cpu_count()} cores, "
+        f"{memory:.0f} GiB; Python {platform.python_version()}, Airflow {airflow_version}, pyspark "
+        f"{pyspark.__version__}, delta-spark {getattr(delta, '__version__', '4.4.0')}; {args.date}; the whole run "
+        f"took {wall / 60:.0f} min.",
         "",
-        f"Spark: one Connect server, `local[2]`, every job runs there. Airflow: `airflow standalone`, "
-        f"LocalExecutor, parallelism {args.parallelism}. Naive and injection-only tasks: retries={args.retries}, "
-        f"retry_delay={args.retry_delay:.0f} s. Rows per partition {wl.ROWS:,}, {wl.FILES} files each; every writer "
-        f"touches {wl.HALF:,} rows. Ideal = max(total work / {args.parallelism} slots, heaviest chain of mutually "
-        "conflicting jobs, longest job), work per job from the serial run. Medians, (min-max) over repetitions.",
+        "Spark: one Connect server (`local[2]`, the machine's two cores) runs every job. Airflow: `airflow "
+        f"standalone`, LocalExecutor, parallelism {args.parallelism}. Retries: naive and injection-only tasks "
+        f"retries={args.retries}, retry_delay={args.retry_delay:.0f} s (set by the DAG author); provider tasks the "
+        "provider's defaults (`[delta_occ] task_retries` = 2 at the task level, typed in-job retries). Each "
+        f"partition holds {wl.ROWS:,} rows in {wl.FILES} files; every writer touches {wl.HALF:,} rows. "
+        f"Ideal = max(total work / {args.parallelism} slots, heaviest chain of mutually conflicting jobs, "
+        "longest job): work is each task's duration in the serial run, the chain adds up those jobs' Spark "
+        "time read to commit (`run_seconds`), the fastest serial repetition of each. The slots are Airflow's "
+        f"{args.parallelism}, but Spark has 2 cores: total work / {args.parallelism} is a bound no schedule "
+        "reaches here once jobs queue for cores. Medians, (min-max) over repetitions.",
         "",
-        "| table | K | mode | reps | failed tasks | Delta conflicts | Spark work re-run, s | makespan, s | "
-        "ideal, s | makespan / ideal | correct |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| table | K | mode | DAG runs succeeded | failed tasks | skipped | Delta conflicts | Spark work re-run, s | "
+        "other failed tries | makespan, s | ideal, s | makespan / ideal | final table correct |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ideal = f"{r['ideal']:.1f}" if r["ideal"] else "n/a"
-        lines.append(f"| {r['table']} | {r['k']} | {wl.MODE_LABELS[r['mode']]} | "
-                     f"{r['reps']} | {r['failed']} | {r['conflicts']} | {r['rerun']} | {r['makespan']} | {ideal} | "
+        lines.append(f"| {r['table']} | {r['k']} | {wl.MODE_LABELS[r['mode']]} | {r['runs_ok']} | {r['failed']} | "
+                     f"{r['skipped']} | {r['conflicts']} | {r['rerun']} | {r['other']} | {r['makespan']} | {ideal} | "
                      f"{r['ratio']} | {r['correct']} |")
     lines += ["", "Modes: " + "; ".join(wl.MODE_TITLES[m] for m in ("naive", "inject", "provider", "serial")) + "."]
     bounds = {(r["table"], r["k"]): r["ideal_parts"] for r in rows if r["ideal_parts"]}
@@ -394,10 +440,10 @@ def report(rows: list[dict[str, Any]], overhead: list[float], args: argparse.Nam
                      f"{parts['chain']:.1f} s ({len(parts['chain_members'])} jobs), "
                      f"longest job {parts['longest']:.1f} s.")
     if overhead:
-        lines.append("- The provider's own time per task (`task_seconds - run_seconds` of each job's result: "
-                     "opening the Spark Connect session, reading the Delta log, planning, confirming the commit; "
-                     f"lease waits excluded): median {statistics.median(overhead):.2f} s, max {max(overhead):.2f} s "
-                     f"over {len(overhead)} tasks.")
+        lines.append("- The provider's own time per task, in the serial runs (`task_seconds - run_seconds` of each "
+                     "job's result: opening the Spark Connect session, reading the Delta log, planning, confirming "
+                     "the commit; not the Airflow task start, which any operator pays): median "
+                     f"{statistics.median(overhead):.2f} s, max {max(overhead):.2f} s over {len(overhead)} tasks.")
     lines += ["", f"![makespan per mode]({CHART.name})"]
     return "\n".join(lines)
 
@@ -414,17 +460,27 @@ def main() -> None:
     parser.add_argument("--server-memory", default="4g")
     parser.add_argument("--work", type=Path, help="keep the run's files here (default: a temporary folder)")
     parser.add_argument("--no-doc", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    parser.add_argument("--no-warmup", dest="warmup", action="store_false",
+                        help="skip the unmeasured warm-up run of the Connect server")
     parser.add_argument("--report", type=Path, metavar="RESULTS_JSON",
                         help="only report the results.json of an earlier run (its work folder), running nothing")
     args = parser.parse_args()
-    work = args.work or Path(tempfile.mkdtemp(prefix="delta-occ-headline-"))
+    args.argv, args.date = sys.argv[1:], time.strftime("%Y-%m-%d")
+    work = (args.work or Path(tempfile.mkdtemp(prefix="delta-occ-headline-"))).resolve()
     work.mkdir(parents=True, exist_ok=True)
     print(f"work folder: {work}", flush=True)
     started = time.time()
     if args.report:
-        results = [RunFigures(**r) for r in json.loads(args.report.read_text())]
+        saved = json.loads(args.report.read_text())
+        for key, value in saved["args"].items():   # report the run as it was run
+            setattr(args, key, value)
+        results = [RunFigures(**r) for r in saved["results"]]
+        started -= saved["args"].get("wall", 0.0)
     else:
         results = run_all(args, work)
+        saved = json.loads((work / "results.json").read_text())
+        saved["args"]["wall"] = time.time() - started
+        (work / "results.json").write_text(json.dumps(saved, indent=1))
     rows = summarize(results, args.parallelism)
     overhead = [o for r in results for o in r.overhead]
     text = report(rows, overhead, args, time.time() - started)

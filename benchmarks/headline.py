@@ -262,6 +262,23 @@ def airflow(work: Path, connect_url: str, args: argparse.Namespace) -> Iterator[
         yield {"run": run, "db": db, "home": home, "lake": lake}
 
 
+def planner_check(path: str, spark: Any, k: int, table: str) -> str:
+    """Where the provider's planner and the workload's conflict relation (the ideal bound's) disagree,
+    on a fresh seed table: a pair only the planner calls conflicting is one the pool serializes that an
+    ideal schedule need not."""
+    from airflow_delta_occ.engine import DeltaLog
+
+    create_table(spark, path, k, table)
+    ws = wl.writers(k, table)
+    planned = wl.planned_conflicts(ws, DeltaLog.for_table(path).snapshot())
+    truth = {frozenset((a.task_id, b.task_id)) for a in ws for b in ws if a.task_id < b.task_id and wl.conflicts(a, b)}
+    only_planner = sorted(tuple(sorted(pair)) for pair in planned - truth)
+    only_truth = sorted(tuple(sorted(pair)) for pair in truth - planned)
+    return (f"planner vs workload relation, {table} K={k}: {len(planned)} pairs planned conflicting, "
+            f"{len(truth)} in the relation; only the planner: {only_planner or 'none'}; only the relation: "
+            f"{only_truth or 'none'}")
+
+
 def describe(r: RunFigures, wall: float) -> str:
     """One line per DAG run while the benchmark goes."""
     return (f"{r.table:12} K={r.k:<2} rep {r.rep} {r.mode:8} {r.state:7} makespan {r.makespan:6.1f} s  failed "
@@ -315,6 +332,9 @@ def run_all(args: argparse.Namespace, work: Path) -> list[RunFigures]:
                             result.rep = rep
                             if mode == "serial" and result.state == "success" and result.correct:
                                 reference = path   # the others must leave exactly its rows
+                            if mode == "serial" and rep == 1:
+                                print(planner_check(str(af["lake"] / "planner" / f"{table}_k{k}"), spark, k, table),
+                                      flush=True)
                             results.append(result)
                             print(describe(result, time.time() - began), flush=True)
                             kept = {key: v for key, v in vars(args).items() if key not in ("work", "report")}

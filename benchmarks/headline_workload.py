@@ -128,6 +128,31 @@ def conflicts(a: Writer, b: Writer) -> bool:
     return frozenset((a.op, b.op)) not in harmless
 
 
+def planned_conflicts(ws: list[Writer], snapshot: Any) -> set[frozenset[str]]:
+    """The pairs the provider's planner (what a conflict pool consults, model ``delta``) says can
+    conflict, in either order, on ``snapshot`` (the seed table): to set beside ``conflicts``.
+
+    Each writer is planned as the provider's operator plans it: its partition ANDed into its
+    condition and its writes pinned to that partition (on the partitioned table), a MERGE's join
+    conjunct left out (it neither narrows nor widens what a MERGE reads).
+    """
+    from airflow_delta_occ.engine.planner import Operation, can_conflict, plan_footprint
+
+    kinds = {"merge": Operation.MERGE, "update": Operation.UPDATE, "delete": Operation.DELETE,
+             "append": Operation.INSERT, "optimize": Operation.OPTIMIZE}
+    plans = {}
+    for w in ws:
+        parts = [f"p = {w.partition}"] if w.partitioned else []
+        if w.op in ("update", "delete"):
+            parts.append(w.where())
+        predicate = " AND ".join(parts) or None
+        plans[w.task_id] = plan_footprint(snapshot, kinds[w.op], None if w.op == "append" else predicate,
+                                          label=w.task_id, write_partitions=[{"p": w.partition}] if w.partitioned
+                                          else None)
+    return {frozenset((a.task_id, b.task_id)) for a, b in itertools.combinations(ws, 2)
+            if can_conflict(plans[a.task_id], plans[b.task_id], snapshot).conflict}
+
+
 def heaviest_conflict_chain(ws: list[Writer], work: dict[str, float]) -> tuple[float, list[str]]:
     """The heaviest set of mutually conflicting writers (they can only run one after another) and its
     total work: a lower bound on any schedule's makespan. Brute force: K <= 16 here."""

@@ -419,6 +419,17 @@ def chart(rows: list[dict[str, Any]], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def commands(runs: list[str]) -> str:
+    """How the figures were made: one command per run the report covers (``--report A B`` joins runs)."""
+    return " and ".join(f"`benchmarks/headline.py {run}`" for run in runs)
+
+
+def _command_of(saved_args: dict[str, Any]) -> list[str]:
+    """A saved run's command line(s); early runs saved the argument list itself."""
+    argv = saved_args.get("argv") or []
+    return [" ".join(argv)] if any(a.startswith("--") for a in argv) else list(argv)
+
+
 def report(rows: list[dict[str, Any]], overhead: list[float], args: argparse.Namespace, wall: float) -> str:
     import delta
     import pyspark
@@ -428,7 +439,7 @@ def report(rows: list[dict[str, Any]], overhead: list[float], args: argparse.Nam
                 if line.startswith("model name")), platform.machine()) if Path("/proc/cpuinfo").exists() else ""
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     lines = [
-        f"Run with `benchmarks/headline.py {' '.join(args.argv)}` on {cpu}, {os.cpu_count()} cores, "
+        f"Run with {commands(args.argv)} on {cpu}, {os.cpu_count()} cores, "
         f"{memory:.0f} GiB; Python {platform.python_version()}, Airflow {airflow_version}, pyspark "
         f"{pyspark.__version__}, delta-spark {getattr(delta, '__version__', '4.4.0')}; {args.date}; the whole run "
         f"took {wall / 60:.0f} min.",
@@ -482,20 +493,21 @@ def main() -> None:
     parser.add_argument("--no-doc", action="store_true", help="print only; leave docs/benchmarks.md alone")
     parser.add_argument("--no-warmup", dest="warmup", action="store_false",
                         help="skip the unmeasured warm-up run of the Connect server")
-    parser.add_argument("--report", type=Path, metavar="RESULTS_JSON",
-                        help="only report the results.json of an earlier run (its work folder), running nothing")
+    parser.add_argument("--report", type=Path, nargs="+", metavar="RESULTS_JSON",
+                        help="only report the results.json of earlier runs (their work folders), running nothing")
     args = parser.parse_args()
-    args.argv, args.date = sys.argv[1:], time.strftime("%Y-%m-%d")
+    args.argv, args.date = [" ".join(sys.argv[1:])], time.strftime("%Y-%m-%d")
     work = (args.work or Path(tempfile.mkdtemp(prefix="delta-occ-headline-"))).resolve()
     work.mkdir(parents=True, exist_ok=True)
     print(f"work folder: {work}", flush=True)
     started = time.time()
     if args.report:
-        saved = json.loads(args.report.read_text())
-        for key, value in saved["args"].items():   # report the run as it was run
-            setattr(args, key, value)
-        results = [RunFigures(**r) for r in saved["results"]]
-        started -= saved["args"].get("wall", 0.0)
+        runs = [json.loads(path.read_text()) for path in args.report]
+        for key in ("parallelism", "retries", "retry_delay", "date"):   # report the runs as they were run
+            setattr(args, key, runs[0]["args"][key])
+        args.argv = [command for run in runs for command in _command_of(run["args"])]
+        results = [RunFigures(**r) for run in runs for r in run["results"]]
+        started -= sum(run["args"].get("wall", 0.0) for run in runs)
     else:
         results = run_all(args, work)
         saved = json.loads((work / "results.json").read_text())

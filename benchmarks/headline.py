@@ -395,7 +395,7 @@ def chart(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     groups = list(dict.fromkeys((r["table"], r["k"]) for r in rows))
-    fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(groups)), 4.2))
+    fig, ax = plt.subplots(figsize=(max(7, 2.2 * len(groups) + 2.5), 4.2))
     width = 0.8 / len(wl.MODES)
     colors = {"naive": "#d62728", "inject": "#ff7f0e", "provider": "#2ca02c", "serial": "#7f7f7f"}
     for i, mode in enumerate(["naive", "inject", "provider", "serial"]):
@@ -414,7 +414,7 @@ def chart(rows: list[dict[str, Any]], path: Path) -> None:
     ax.set_xticks(range(len(groups)), [f"{table}\nK={k}" for table, k in groups])
     ax.set_ylabel("makespan, s (median)")
     ax.set_title("K concurrent Delta writers through Airflow")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -24,10 +24,11 @@ def _assignments(values: dict[str, str]) -> str:
     return ", ".join(f"{render_identifier(k)} = {v}" for k, v in values.items())
 
 
-def merge_sql(spec: JobSpec, source_view: str) -> str:
-    """``MERGE INTO`` for the spec; expressions were checked by the operator, names are quoted here."""
+def merge_sql(spec: JobSpec, source: str) -> str:
+    """``MERGE INTO`` for the spec, reading ``source`` (SQL text already rendered: a quoted view name,
+    or a quoted path); expressions were checked by the operator, names are quoted here."""
     parts = [f"MERGE INTO {target_sql(spec)} AS {render_identifier(spec.target_alias)} "
-             f"USING {render_identifier(source_view)} AS {render_identifier(spec.source_alias)} "
+             f"USING {source} AS {render_identifier(spec.source_alias)} "
              f"ON {spec.condition_sql}"]
     for clause in spec.clauses:
         scope = _clause_scope(clause.kind)
@@ -57,11 +58,15 @@ def _clause_scope(kind: str) -> str:
     raise JobSpecError(f"unknown merge clause {kind!r}")
 
 
-def statement_sql(spec: JobSpec, source_view: str | None) -> str | None:
-    """The SQL statement a DML or OPTIMIZE job runs (``None`` for DataFrame writes)."""
+def statement_sql(spec: JobSpec, source_view: str | None, *, source: str | None = None) -> str | None:
+    """The SQL statement a DML or OPTIMIZE job runs (``None`` for DataFrame writes).
+
+    A MERGE reads the view ``source_view`` (a name, quoted here), or ``source``: SQL text naming the
+    source, already rendered (what lineage reports instead of the job's private view).
+    """
     op, target = spec.operation, target_sql(spec)
     if op == "merge":
-        return merge_sql(spec, str(source_view))
+        return merge_sql(spec, source if source is not None else render_identifier(str(source_view)))
     if op == "update":
         where = f" WHERE {spec.condition_sql}" if spec.condition is not None else ""
         return f"UPDATE {target} SET {_assignments(dict(spec.set))}{where}"

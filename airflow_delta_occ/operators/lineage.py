@@ -184,8 +184,6 @@ def schema_columns(snapshot: Snapshot) -> tuple[tuple[str, str], ...]:
     return tuple((f.name, f.type.simple_string()) for f in snapshot.schema.fields)
 
 
-# A name no source view has, replaced in the MERGE statement by the source as Spark SQL names it.
-_SOURCE_PLACEHOLDER = "delta_occ_lineage_source"
 _PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -210,13 +208,9 @@ def job_statement(spec: JobSpec) -> str | None:
     retries never read it again); the statement reported names the source itself instead, so a
     consumer reading the SQL sees which dataset the MERGE read, not a view that no longer exists.
     """
-    from airflow_delta_occ.engine.sql_parser import render_identifier
     from airflow_delta_occ.jobs.sql import statement_sql
 
-    sql = statement_sql(spec, _SOURCE_PLACEHOLDER)
-    if sql is not None and spec.source is not None:
-        sql = sql.replace(render_identifier(_SOURCE_PLACEHOLDER), source_sql(spec.source), 1)
-    return sql
+    return statement_sql(spec, None, source=source_sql(spec.source) if spec.source is not None else None)
 
 
 def lineage_of(location: str, spec: JobSpec, snapshot: Snapshot) -> DeltaJobLineage:

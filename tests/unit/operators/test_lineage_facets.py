@@ -182,3 +182,23 @@ def test_the_operation_facet_matches_its_published_schema(sales_log: tuple[str, 
     jsonschema.validate(_committed("delete", path, commit=False)["outputs"][0]["facets"]["deltaOcc_operation"], own)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**facet, "kind": "truncate"}, own)
+
+
+def test_the_reported_merge_statement_keeps_hostile_paths_as_they_are(sales_log: tuple[str, Any]) -> None:
+    """The SQL facet names the source in the MERGE's USING clause and nowhere else: a target or source path
+    holding backticks, the text of a view name or a comment opener stays one quoted name, unchanged."""
+    from airflow_delta_occ.jobs.spec import RunIdentity
+    from airflow_delta_occ.jobs.sql import target_sql
+    from airflow_delta_occ.operators.lineage import job_statement
+
+    _, snapshot = sales_log
+    target = "/lake/a`delta_occ_lineage_source`b"
+    source = "/src`) s ON 1=1 -- `delta_occ_lineage_source`"
+    spec = DeltaMergeOperator(task_id="m", table=target, source=source, merge_condition="t.id = s.id",
+                              partitions={"date": "2024-01-01", "country": "DE"}).build_spec(
+        snapshot, RunIdentity("sales", "task", "manual__1"))
+    sql = str(job_statement(spec))
+    quoted_source = "delta.`/src``) s ON 1=1 -- ``delta_occ_lineage_source```"
+    assert sql.startswith(f"MERGE INTO {target_sql(spec)} AS `t` USING {quoted_source} AS `s` ON "), sql
+    assert target_sql(spec) == "delta.`/lake/a``delta_occ_lineage_source``b`"
+    assert sql.count(quoted_source) == 1

@@ -37,7 +37,13 @@ from airflow_delta_occ.jobs.result import JobResult
 from airflow_delta_occ.jobs.spec import JobSpec
 from airflow_delta_occ.retry.classify import ConflictKind, classify_conflict, conflict_failure
 from airflow_delta_occ.spark.session import CONNECT_MODE_FLAG
-from airflow_delta_occ.spark.storage import SECRET_CONF_ENV, SparkStorageSettings, is_secret_conf, with_redaction
+from airflow_delta_occ.spark.storage import (
+    SECRET_CONF_ENV,
+    SparkStorageSettings,
+    is_secret_conf,
+    split_secret_confs,
+    with_redaction,
+)
 
 if TYPE_CHECKING:
     from airflow_delta_occ.engine.object_store import StorageCredentials
@@ -572,9 +578,8 @@ def _submit_hook_class() -> Any:
         """
 
         def __init__(self, *, application: str, conf: Mapping[str, str] | None = None, **kwargs: Any) -> None:
-            conf = conf or {}
-            secrets = {k: v for k, v in conf.items() if is_secret_conf(k)}
-            super().__init__(conf={k: v for k, v in conf.items() if k not in secrets}, **kwargs)
+            public, secrets = split_secret_confs(conf or {})
+            super().__init__(conf=public, **kwargs)
             self.application = application
             self.secret_env: dict[str, str] = {}
             if secrets and self._connection["deploy_mode"] == "cluster":

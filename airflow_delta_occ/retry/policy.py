@@ -242,7 +242,7 @@ def run_with_policies(fn: Callable[[int], T], policies: Mapping[ConflictKind, Co
         BaseException: anything that is not a conflict, unchanged and at once.
     """
     record = outcome if outcome is not None else RetryOutcome()
-    started, ended = [0.0], [0.0]  # the current attempt's clock readings
+    elapsed = 0.0  # how long the last attempt ran
 
     def conflict(state: tenacity.RetryCallState) -> tuple[BaseException, ConflictKind, ConflictPolicy] | None:
         exc = state.outcome.exception() if state.outcome is not None else None
@@ -269,19 +269,20 @@ def run_with_policies(fn: Callable[[int], T], policies: Mapping[ConflictKind, Co
         exc, kind, policy = seen
         message = str(exc).strip()
         entry = ConflictRecord(attempt, kind, message[:1000], action, delay, winning_version(message),
-                               round(ended[0] - started[0], 3))
+                               round(elapsed, 3))
         record.conflicts.append(entry)
         log.log(logging.INFO if action == Action.SKIP else logging.WARNING, "%s",
                 entry.describe(what, policy.max_attempts if policy.action is Action.RETRY else attempt),
                 extra={"delta_occ_conflict": entry})
 
     def attempt() -> T:
+        nonlocal elapsed
         record.attempts += 1
-        started[0] = clock()
+        started = clock()
         try:
             return fn(record.attempts)
         finally:
-            ended[0] = clock()
+            elapsed = clock() - started
 
     retrying = tenacity.Retrying(retry=should_retry, wait=wait, sleep=sleep, before_sleep=before_sleep,
                                  reraise=True, stop=tenacity.stop_never)

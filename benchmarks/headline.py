@@ -54,6 +54,7 @@ import headline_workload as wl  # noqa: E402
 from _report import write_section  # noqa: E402
 
 from airflow_delta_occ.demo import airflow_env, standalone  # noqa: E402
+from airflow_delta_occ.retry.classify import ConflictKind  # noqa: E402
 from airflow_delta_occ.spark.session import delta_submit_conf  # noqa: E402
 from tests.airflow_db import query, xcom  # noqa: E402
 from tests.servers import connect_server  # noqa: E402
@@ -62,9 +63,8 @@ DAGS = HERE / "headline_dags"
 CHART = HERE.parent / "docs" / "headline.png"
 RUN_TIMEOUT = 3600.0
 DONE = {"success", "skipped"}   # a skipped OPTIMIZE found its work done by another (its policy)
-CONFLICT_NAMES = ("ConcurrentAppendException", "ConcurrentDeleteReadException", "ConcurrentDeleteDeleteException",
-                  "MetadataChangedException", "ProtocolChangedException", "ConcurrentTransactionException",
-                  "ConcurrentWriteException", "DELTA_CONCURRENT_")
+#: What names a Delta conflict in a plain PySpark job's traceback: the exception classes, or Delta's error class.
+CONFLICT_NAMES = (*(kind.value for kind in ConflictKind), "DELTA_CONCURRENT_")
 #: The provider's line for each conflict it meets (``retry/policy.py``, ``ConflictRecord.describe``).
 PROVIDER_CONFLICT = re.compile(r"(Concurrent\w+Exception|MetadataChangedException|ProtocolChangedException) on \S+ "
                                r"\(attempt \d+ of \d+")

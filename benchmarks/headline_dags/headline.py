@@ -32,12 +32,11 @@ from airflow_delta_occ.operators.delta import (
     DeltaOptimizeOperator,
     DeltaUpdateOperator,
 )
+from airflow_delta_occ.retry.classify import ConflictKind
 
 SPEC_PATH = os.environ.get("DELTA_OCC_BENCH_SPEC")
 JOB = str(Path(__file__).resolve().parent.parent / "headline_job.py")
-NO_IN_JOB_RETRIES = {kind: {"action": "fail"} for kind in (
-    "ConcurrentAppendException", "ConcurrentDeleteReadException", "ConcurrentDeleteDeleteException",
-    "MetadataChangedException", "ConcurrentWriteException")}
+NO_IN_JOB_RETRIES = {kind.value: {"action": "fail"} for kind in ConflictKind}
 
 
 class AirflowRetries(RetryPolicy):

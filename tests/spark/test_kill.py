@@ -46,7 +46,10 @@ from ..servers import get_json, spark_env
 from .jobs import context, create_sales, merge_spec, rows, source
 
 REPO = Path(__file__).resolve().parents[2]
-SOURCE_ROWS = 40  # at about 1 s of CPU a row on two cores, the MERGE would run for 20 s or more
+# Measured here: a row costs about 0.1 s of CPU once the JIT is warm (1 s cold), so 40 rows took
+# about 2 s on two cores, and a faster CI machine finished the MERGE before the kill landed. 1000
+# rows keep it busy for about 50 s here: the kill always lands mid-MERGE.
+SOURCE_ROWS = 1000
 REPORT = "KILL_TEST_REPORT "
 
 
@@ -179,7 +182,7 @@ def test_embedded_kill_cancels_the_jobs_and_stops_the_session(spark: Any, tmp_pa
     report = reports[0]
     assert report["error"] == "JobKilledError", report
     assert "stopped by on_kill" in report["message"]
-    # The MERGE had 20 s or more of inserts left; the cancelled tasks stopped at once.
+    # The MERGE had about 50 s of inserts left; the cancelled tasks stopped at once.
     assert report["seconds_after_kill"] < 10, report
     assert report["spark_context_stopped"], report
     assert _ui_gone(ui)
@@ -260,7 +263,7 @@ def test_connect_kill_interrupts_the_operations_on_the_server(spark: Any, tmp_pa
     assert isinstance(error, JobKilledError), outcome
     while _running_jobs(connect_server["ui"]) and time.monotonic() < killed_at + 30:
         time.sleep(0.3)
-    # The server stopped the MERGE's jobs at once; left alone they would run 20 s or more.
+    # The server stopped the MERGE's jobs at once; left alone they would run about 50 s.
     assert not _running_jobs(connect_server["ui"])
     assert time.monotonic() - killed_at < 12, time.monotonic() - killed_at
     with DeltaSparkHook("delta_occ_kill").job_session() as fresh:  # the server is fine; only the job stopped

@@ -97,7 +97,8 @@ class CommitNotConfirmedError(DeltaJobError):
 
 
 class JobKilledError(DeltaJobError):
-    """The task was killed while its Spark job ran, and ``on_kill`` stopped the job before it committed.
+    """The task was killed before its job committed: while the Spark job ran (``on_kill`` stopped it), or
+    while it waited in the worker for its conflict-pool lease (the request is cancelled).
 
     The table is at the version before the job (a commit is all or nothing); a retry runs it again.
     """

@@ -9,6 +9,7 @@ run time, and the final condition that ran) is the task's XCom return value.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -104,6 +105,12 @@ class DeltaBaseOperator(BaseOperator):
     :param conflict_pool: a pool of the pool file (``[delta_occ] pool_file``): the job first takes a
         lease on its footprint from the pool's lease store, waiting in the triggerer while a
         conflicting job holds one, and the task runs in the pool's Airflow pool unless ``pool=`` is set.
+    :param deferrable: how a pooled task waits for its lease: ``True`` (default) defers to the
+        triggerer (no worker slot held while it waits; the hand-over then costs a trigger poll, the
+        scheduler and a new task process, seconds); ``False`` waits in the worker, polling the lease
+        store, and starts its job within a poll interval of the grant (it holds its slot meanwhile).
+    :param lease_poll_interval: seconds between polls of the lease store while waiting; default 2 s
+        deferred, 0.5 s in the worker.
     :param lease_conn_id: the ``delta_occ_leases`` connection of the lease store.
     :param storage_conn_id: the connection with the credentials of the table's object store (types
         ``aws``, ``wasb``, ``adls``, ``google_cloud_platform``), used both to read the table's log
@@ -134,7 +141,8 @@ class DeltaBaseOperator(BaseOperator):
                  conflict_policies: Mapping[str, Any] | None = None,
                  delta_conn_id: str | None = DeltaSparkHook.default_conn_name,
                  spark_conf: Mapping[str, str] | None = None, idempotent: bool = True,
-                 conflict_pool: str | None = None, lease_conn_id: str = DeltaLeaseStoreHook.default_conn_name,
+                 conflict_pool: str | None = None, deferrable: bool = True, lease_poll_interval: float | None = None,
+                 lease_conn_id: str = DeltaLeaseStoreHook.default_conn_name,
                  storage_conn_id: str | None = None, openlineage_inject_parent_job_info: bool | None = None,
                  openlineage_inject_transport_info: bool | None = None, **kwargs: Any) -> None:
         # Everything that does not need the table is checked here, when the DAG file is parsed.
@@ -157,6 +165,7 @@ class DeltaBaseOperator(BaseOperator):
         if kwargs.get("retry_policy") is None and (kwargs.get("default_args") or {}).get("retry_policy") is None:
             kwargs["retry_policy"] = DeltaConflictRetryPolicy(self.operation, self._policy_overrides)
         _default_retries(kwargs, kwargs.get("default_args"))
+        leasing.check_poll_interval(lease_poll_interval)
         leasing.route_to_airflow_pool(kwargs, kwargs.get("default_args"), conflict_pool)
         super().__init__(**kwargs)
         self.table = table
@@ -168,6 +177,8 @@ class DeltaBaseOperator(BaseOperator):
         self.spark_conf = dict(spark_conf or {})
         self.idempotent = idempotent
         self.conflict_pool = conflict_pool
+        self.deferrable = deferrable
+        self.lease_poll_interval = lease_poll_interval
         self.lease_conn_id = lease_conn_id
         self.storage_conn_id = storage_conn_id
         self.openlineage_inject_parent_job_info = openlineage_inject_parent_job_info
@@ -334,15 +345,29 @@ class DeltaBaseOperator(BaseOperator):
             if state.granted:
                 lease = leasing.HeldLease(pool.name, state.request_id, owner, state.waited or 0.0, [])
                 return self._run_leased(store, pool, lease, prepared, started)
+            self.log.info("conflict pool %s: lease request %s on %s waits for %s", pool.name, state.request_id,
+                          request.table, leasing.describe_wait(state))
+            if not self.deferrable:
+                self._stop_waiting = threading.Event()   # set by on_kill: the wait cancels its request
+                state, waited_for = leasing.wait_in_worker(store, request, state, self._poll_interval(), self.log,
+                                                           self._stop_waiting)
+                lease = leasing.HeldLease(pool.name, state.request_id, owner, state.waited or 0.0, waited_for)
+                prepared = self.prepare(context)   # the table may have moved while it waited
+                leasing.pooled_table(pool, prepared.location)
+                return self._run_leased(store, pool, lease, prepared, started)
         finally:
             store.close()
-        self.log.info("conflict pool %s: lease request %s on %s waits for %s", pool.name, state.request_id,
-                      request.table, leasing.describe_wait(state))
         from airflow_delta_occ.triggers.lease import DeltaLeaseTrigger
 
         self.defer(trigger=DeltaLeaseTrigger(lease_conn_id=self.lease_conn_id, request_id=state.request_id,
-                                             owner=owner, request=request.to_json()),
+                                             owner=owner, request=request.to_json(),
+                                             poll_interval=self._poll_interval()),
                    method_name="execute_complete", timeout=None)
+
+    def _poll_interval(self) -> float:
+        if self.lease_poll_interval is not None:
+            return float(self.lease_poll_interval)
+        return leasing.DEFERRED_POLL_SECONDS if self.deferrable else leasing.WORKER_POLL_SECONDS
 
     def _run_leased(self, store: LeaseStore, pool: Pool, lease: leasing.HeldLease, prepared: PreparedJob,
                     started: float) -> dict[str, Any]:
@@ -365,6 +390,9 @@ class DeltaBaseOperator(BaseOperator):
         """Stop the killed task's Spark job, then release its lease, so the next writer need not wait
         for the TTL. The job is stopped first: a writer granted the lease must not race a job that
         could still commit."""
+        waiting: threading.Event | None = self.__dict__.get("_stop_waiting")
+        if waiting is not None:
+            waiting.set()   # a wait in the worker cancels its request and raises JobKilledError
         hook: DeltaSparkHook | None = self.__dict__.get("hook")  # built only once a job ran; never here
         if hook is not None:
             hook.on_kill()

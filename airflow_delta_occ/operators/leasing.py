@@ -11,6 +11,7 @@ types (which import the engine) are imported inside the functions that build req
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_delta_occ import config
-from airflow_delta_occ.exceptions import LeaseError, LeaseLostError, PoolConfigError
+from airflow_delta_occ.exceptions import JobKilledError, LeaseError, LeaseLostError, PoolConfigError
 
 if TYPE_CHECKING:
     from airflow_delta_occ.pools.config import Pool
@@ -139,6 +140,52 @@ def blocker_names(blockers: Iterable[Blocker | Mapping[str, Any]]) -> list[str]:
 def describe_wait(state: LeaseState) -> str:
     """One log line: why the request waits."""
     return "; ".join(f"{b.owner or 'the pool'}: {b.reason[:200]}" for b in state.blockers) or "(no blocker named)"
+
+
+# -- waiting in the worker (deferrable=False) -------------------------------------------------------
+DEFERRED_POLL_SECONDS = 2.0   # the triggerer polls the store for every deferred task: not too often
+WORKER_POLL_SECONDS = 0.5     # a waiting worker polls its own request: a grant is seen within this
+
+
+def check_poll_interval(value: object) -> None:
+    """Raises ``PoolConfigError`` (at DAG parse time) unless ``value`` is ``None`` or a positive number of seconds."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise PoolConfigError(f"lease_poll_interval must be a positive number of seconds, got {value!r}")
+
+
+def wait_in_worker(store: LeaseStore, request: LeaseRequest, state: LeaseState, interval: float, log: Log,
+                   stopped: threading.Event) -> tuple[LeaseState, list[str]]:
+    """Poll until ``state``'s request is granted; the granted state and who it waited for.
+
+    A request that was dropped meanwhile (abandoned, or released by someone who thought it dead) is
+    asked for again (``LeaseStore.poll_or_ask_again``). Each poll is the waiter's heartbeat, so the
+    interval is capped at a third of the request's TTL. Whatever ends the wait early cancels the
+    request and propagates: ``stopped`` set (``on_kill``) raises ``JobKilledError``; a store error
+    fails the try (the task-level retry policy decides about the next); ``execution_timeout`` too.
+
+    Raises:
+        JobKilledError: ``stopped`` was set while the request waited.
+    """
+    step = min(interval, request.ttl / 3)
+    waited_for = blocker_names(state.blockers)
+    try:
+        while not state.granted:
+            if stopped.wait(step):
+                raise JobKilledError(f"the task was killed while its lease request {state.request_id} on "
+                                     f"{request.table} waited; the request is cancelled")
+            before = state.request_id
+            state = store.poll_or_ask_again(before, request)
+            if state.request_id != before:
+                log.info("lease request %s was gone; asked again: request %s is %s", before, state.request_id,
+                         state.status.value)
+            waited_for += [name for name in blocker_names(state.blockers) if name not in waited_for]
+    except BaseException:
+        release_quietly(store, state.request_id, request.owner, log)
+        raise
+    log.info("lease request %s granted after %.3f s in the worker", state.request_id, state.waited or 0.0)
+    return state, waited_for
 
 
 # -- holding the lease ----------------------------------------------------------------------------

@@ -87,7 +87,6 @@ class DeltaLeaseTrigger(BaseTrigger):
             return self._error(f"the deferred lease request cannot be read: {exc}")
         if request.owner != self.owner:
             return self._error(f"the deferred lease request belongs to {request.owner!r}, not {self.owner!r}")
-        from airflow_delta_occ.pools.requests import LeaseStatus  # loaded by _parse_request: no I/O here
 
         try:
             url = await self._store_url()
@@ -102,15 +101,14 @@ class DeltaLeaseTrigger(BaseTrigger):
                 try:
                     if store is None:
                         store = await asyncio.to_thread(_open_store, url)
-                    state = await asyncio.to_thread(store.poll, self.current_request_id, self.owner)
-                    if state.status is LeaseStatus.GONE:
-                        self.log.info("lease request %s of %s is gone (released, or abandoned while nobody "
-                                      "polled it); asking again for table %s", self.current_request_id,
-                                      self.owner, request.table)
-                        state = await asyncio.to_thread(store.acquire, request)
+                    state = await asyncio.to_thread(store.poll_or_ask_again, self.current_request_id, request)
+                    if state.request_id != self.current_request_id:
+                        self.log.info("lease request %s of %s was gone (released, or abandoned while nobody "
+                                      "polled it); asked again for table %s: request %s is %s",
+                                      self.current_request_id, self.owner, request.table, state.request_id,
+                                      state.status.value)
                         self.current_request_id = state.request_id
                         reacquired += 1
-                        self.log.info("asked again: request %s is %s", state.request_id, state.status.value)
                     failures = 0
                 except LeaseOwnershipError as exc:
                     return self._error(str(exc))

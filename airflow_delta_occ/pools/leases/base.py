@@ -181,6 +181,18 @@ class LeaseStore(ABC):
                 txn.update(replace(row, record=replace(row.record, expires_at=txn.now + row.ttl)))
             return self._settle(txn, request_id)
 
+    def poll_or_ask_again(self, request_id: str, request: LeaseRequest) -> LeaseState:
+        """One step of a wait: ``poll``; a request that is gone (released, or abandoned while nobody polled
+        it) is asked for again with ``request`` (the answer's ``request_id`` then differs).
+
+        Raises:
+            LeaseOwnershipError: ``request.owner`` does not own ``request_id``.
+        """
+        state = self.poll(request_id, request.owner)
+        if state.status is LeaseStatus.GONE:
+            return self.acquire(request)
+        return state
+
     def _quiet_state(self, pool: str, request_id: str, owner: str) -> LeaseState | None:
         """The answer to a poll when nothing is due, from an unlocked read; ``None`` when the lock is needed."""
         rows, now = self._read(pool)

@@ -4,6 +4,7 @@ leased at run time from a real SQLite lease store on a hand-written Delta log (o
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,7 +15,7 @@ from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_delta_occ.engine import Snapshot
 from airflow_delta_occ.engine.planner import TableState, plan_footprint
-from airflow_delta_occ.exceptions import LeaseStoreError, PoolConfigError
+from airflow_delta_occ.exceptions import JobKilledError, LeaseStoreError, PoolConfigError
 from airflow_delta_occ.jobs.result import JobResult, JobStatus
 from airflow_delta_occ.operators.delta import DeltaDeleteOperator, DeltaUpdateOperator
 from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
@@ -105,6 +106,9 @@ class _Spark:
     def use_storage(self, *locations: str | None) -> None:
         pass
 
+    def on_kill(self) -> None:  # no Spark job to stop
+        pass
+
     def run(self, spec: Any) -> JobResult:
         self.holders_during = [r.owner for r in self.store.holders()]
         time.sleep(self.seconds)
@@ -192,3 +196,92 @@ def test_the_lease_is_released_when_the_job_fails(pools: Path, sales_log: tuple[
     with pytest.raises(RuntimeError, match="spark died"):
         op.execute(_context())
     assert store.records() == [] and store.history()[-1].kind is AuditKind.RELEASE
+
+
+# -- deferrable=False: the wait stays in the worker -------------------------------------------------
+def test_bad_lease_poll_interval_fails_at_parse_time(pools: Path) -> None:
+    for bad in (0, -1, float("nan"), "1", True):
+        with pytest.raises(PoolConfigError, match="lease_poll_interval must be a positive number of seconds"):
+            _update(conflict_pool="sales", lease_poll_interval=bad)
+
+
+def test_in_the_worker_a_waiter_starts_its_job_as_soon_as_the_holder_releases(
+        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore) -> None:
+    path, snapshot = sales_log
+    blocker = _block(store, path, snapshot)
+    op = _update(table=path, conflict_pool="sales", partitions={"date": "2024-01-01", "country": "DE"},
+                 deferrable=False, lease_poll_interval=0.05)
+    spark = _Spark(store)
+    op.__dict__["hook"] = spark
+    released_at: list[float] = []
+
+    def release_later() -> None:
+        time.sleep(0.6)
+        released_at.append(time.monotonic())
+        store.release(blocker, "blocker")
+
+    threading.Thread(target=release_later).start()
+    result = op.execute(_context())   # no TaskDeferred: it waited here
+    started = time.monotonic()
+    assert spark.holders_during == ["d/u/manual__1/-1/1"]   # the blocker was gone when the job ran
+    lease = result["lease"]
+    assert lease["waited_for"] == ["blocker"] and 0.5 < lease["waited"] < 5
+    assert started - released_at[0] < 2.0
+    assert store.records() == []
+    kinds = [e.kind for e in store.history(pool="sales") if e.owner != "blocker"]
+    assert kinds[0] is AuditKind.REQUEST and kinds[1] is AuditKind.GRANT and kinds[-1] is AuditKind.RELEASE
+
+
+def test_in_the_worker_a_killed_waiter_cancels_its_request_and_never_runs(
+        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore) -> None:
+    path, snapshot = sales_log
+    blocker = _block(store, path, snapshot)
+    op = _update(table=path, conflict_pool="sales", deferrable=False, lease_poll_interval=0.05)
+    spark = _Spark(store)
+    op.__dict__["hook"] = spark
+    ran: list[bool] = []
+    spark.run = lambda spec: ran.append(True)  # type: ignore[method-assign,assignment,return-value]
+    threading.Timer(0.4, op.on_kill).start()   # as the Task SDK's SIGTERM handler would
+    with pytest.raises(JobKilledError, match=r"killed while its lease request .* waited"):
+        op.execute(_context())
+    assert ran == []
+    assert [r.owner for r in store.records()] == ["blocker"]   # the waiter's request is gone
+    assert store.history()[-1].kind is AuditKind.CANCEL
+    store.release(blocker, "blocker")
+
+
+def test_in_the_worker_a_request_dropped_while_waiting_is_asked_for_again(
+        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore) -> None:
+    path, snapshot = sales_log
+    blocker = _block(store, path, snapshot)
+    op = _update(table=path, conflict_pool="sales", deferrable=False, lease_poll_interval=0.05)
+    op.__dict__["hook"] = _Spark(store)
+
+    def drop_then_release() -> None:
+        time.sleep(0.3)
+        [waiting] = [r for r in store.records() if r.owner != "blocker"]
+        store.release(waiting.request_id, waiting.owner)   # as an operator cleaning up a "dead" waiter would
+        time.sleep(0.3)
+        store.release(blocker, "blocker")
+
+    threading.Thread(target=drop_then_release).start()
+    result = op.execute(_context())
+    requests = [e for e in store.history(pool="sales") if e.kind is AuditKind.REQUEST and e.owner != "blocker"]
+    assert len(requests) == 2 and result["lease"]["request_id"] == requests[1].request_id
+    assert store.records() == []
+
+
+def test_the_deferred_wait_polls_at_the_given_interval(pools: Path, sales_log: tuple[str, Snapshot],
+                                                      store: SqlLeaseStore) -> None:
+    path, snapshot = sales_log
+    blocker = _block(store, path, snapshot)
+    for interval, expected in ((None, 2.0), (0.25, 0.25)):
+        op = _update(table=path, conflict_pool="sales", lease_poll_interval=interval)
+        op.__dict__["hook"] = _Spark(store)
+        with pytest.raises(TaskDeferred) as deferred:
+            op.execute(_context())
+        assert deferred.value.trigger.poll_interval == expected
+        for record in store.records():
+            if record.owner != "blocker":
+                store.release(record.request_id, record.owner)
+    store.release(blocker, "blocker")

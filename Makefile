@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-unit test-spark test-airflow test-postgres test-s3 lint typecheck bench bench-headline demo clean
+.PHONY: setup test test-unit test-spark test-airflow test-postgres test-s3 lint typecheck bench bench-headline bench-overhead demo clean
 
 setup: $(STAMP)
 
@@ -51,6 +51,9 @@ bench: setup
 ## K concurrent writers through a real Airflow, naive vs the provider (long: about 1 h per K=4/8 pair of tables).
 bench-headline: setup
 	$(PY) benchmarks/headline.py $(HEADLINE_ARGS)
+
+bench-overhead: setup
+	$(PY) benchmarks/overhead.py $(OVERHEAD_ARGS)
 
 demo: setup
 	$(PY) -m airflow_delta_occ.demo --dags-folder dags_examples

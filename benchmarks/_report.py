@@ -19,3 +19,20 @@ def write_section(marker: str, title: str, report: str) -> None:
         text = text.rstrip() + f"\n\n## {title}\n\n" + block + "\n"
     DOC.write_text(text)
     print(f"wrote {DOC}", file=sys.stderr)
+
+
+def machine() -> str:
+    """The machine and versions a figure was measured with, for the report's first line."""
+    import os
+    import platform
+
+    import delta
+    import pyspark
+    from airflow import __version__ as airflow_version
+
+    cpuinfo = Path("/proc/cpuinfo")
+    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                if line.startswith("model name")), platform.machine()) if cpuinfo.exists() else platform.machine()
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (f"{cpu}, {os.cpu_count()} cores, {memory:.0f} GiB; Python {platform.python_version()}, Airflow "
+            f"{airflow_version}, pyspark {pyspark.__version__}, delta-spark {getattr(delta, '__version__', '4.4.0')}")

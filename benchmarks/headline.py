@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import re
 import shutil
 import statistics
@@ -51,12 +49,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # the repository root: tests.servers starts the Spark Connect server
 
 import headline_workload as wl  # noqa: E402
-from _report import write_section  # noqa: E402
+from _report import machine, write_section  # noqa: E402
 
 from airflow_delta_occ.demo import airflow_env, standalone  # noqa: E402
+from airflow_delta_occ.demo.metadata import query, xcom  # noqa: E402
 from airflow_delta_occ.retry.classify import ConflictKind  # noqa: E402
 from airflow_delta_occ.spark.session import delta_submit_conf  # noqa: E402
-from tests.airflow_db import query, xcom  # noqa: E402
 from tests.servers import connect_server  # noqa: E402
 
 DAGS = HERE / "headline_dags"
@@ -288,7 +286,7 @@ def describe(r: RunFigures, wall: float) -> str:
 
 def mode_order(rep: int) -> list[str]:
     """Serial first (each job's work); the others rotate so none always runs on a warmer server."""
-    others = ["naive", "inject", "provider"]
+    others = ["naive", "inject", "provider", "worker"]
     shift = (rep - 1) % len(others)
     return ["serial", *others[shift:], *others[:shift]]
 
@@ -396,14 +394,16 @@ def chart(rows: list[dict[str, Any]], path: Path) -> None:
 
     groups = list(dict.fromkeys((r["table"], r["k"]) for r in rows))
     fig, ax = plt.subplots(figsize=(max(7, 2.2 * len(groups) + 2.5), 4.2))
-    width = 0.8 / len(wl.MODES)
-    colors = {"naive": "#d62728", "inject": "#ff7f0e", "provider": "#2ca02c", "serial": "#7f7f7f"}
-    for i, mode in enumerate(["naive", "inject", "provider", "serial"]):
+    colors = {"naive": "#d62728", "inject": "#ff7f0e", "provider": "#2ca02c", "worker": "#17becf",
+              "serial": "#7f7f7f"}
+    shown = [m for m in ("naive", "inject", "provider", "worker", "serial") if any(r["mode"] == m for r in rows)]
+    width = 0.8 / len(shown)
+    for i, mode in enumerate(shown):
         xs, ys = [], []
         for g, (table, k) in enumerate(groups):
             match = [r for r in rows if (r["table"], r["k"], r["mode"]) == (table, k, mode)]
             if match:
-                xs.append(g + (i - 1.5) * width)
+                xs.append(g + (i - (len(shown) - 1) / 2) * width)
                 ys.append(match[0]["makespan_median"])
         ax.bar(xs, ys, width, label=wl.MODE_LABELS[mode], color=colors[mode])
     for g, (table, k) in enumerate(groups):
@@ -431,18 +431,8 @@ def _command_of(saved_args: dict[str, Any]) -> list[str]:
 
 
 def report(rows: list[dict[str, Any]], overhead: list[float], args: argparse.Namespace, wall: float) -> str:
-    import delta
-    import pyspark
-    from airflow import __version__ as airflow_version
-
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.machine()) if Path("/proc/cpuinfo").exists() else ""
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     lines = [
-        f"Run with {commands(args.argv)} on {cpu}, {os.cpu_count()} cores, "
-        f"{memory:.0f} GiB; Python {platform.python_version()}, Airflow {airflow_version}, pyspark "
-        f"{pyspark.__version__}, delta-spark {getattr(delta, '__version__', '4.4.0')}; {args.date}; the whole run "
-        f"took {wall / 60:.0f} min.",
+        f"Run with {commands(args.argv)} on {machine()}; {args.date}; the whole run took {wall / 60:.0f} min.",
         "",
         "Spark: one Connect server (`local[2]`, the machine's two cores) runs every job. Airflow: `airflow "
         f"standalone`, LocalExecutor, parallelism {args.parallelism}. Retries: naive and injection-only tasks "
@@ -464,7 +454,8 @@ def report(rows: list[dict[str, Any]], overhead: list[float], args: argparse.Nam
         lines.append(f"| {r['table']} | {r['k']} | {wl.MODE_LABELS[r['mode']]} | {r['runs_ok']} | {r['failed']} | "
                      f"{r['skipped']} | {r['conflicts']} | {r['rerun']} | {r['other']} | {r['makespan']} | {ideal} | "
                      f"{r['ratio']} | {r['correct']} |")
-    lines += ["", "Modes: " + "; ".join(wl.MODE_TITLES[m] for m in ("naive", "inject", "provider", "serial")) + "."]
+    lines += ["", "Modes: " + "; ".join(wl.MODE_TITLES[m] for m in ("naive", "inject", "provider", "worker", "serial")
+                                        if any(r["mode"] == m for r in rows)) + "."]
     bounds = {(r["table"], r["k"]): r["ideal_parts"] for r in rows if r["ideal_parts"]}
     for (table, k), parts in bounds.items():
         lines.append(f"- {table}, K={k}: total work {parts['total_work']:.1f} s, heaviest conflicting chain "

@@ -2,9 +2,10 @@
 
 It runs one SQL statement exactly as the DAG author wrote it (no partition predicate is added) on the
 benchmark's Spark Connect server, and fails like any PySpark job when Delta raises a conflict; the
-only retries are Airflow's.
+only retries are Airflow's. With ``local`` instead of a Connect URL it runs in the Spark that
+spark-submit started (the overhead benchmark: ``overhead.py``).
 
-Usage: ``spark-submit headline_job.py CONNECT_URL SQL``.
+Usage: ``spark-submit headline_job.py CONNECT_URL|local SQL``.
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ from pyspark.sql import SparkSession
 
 
 def main(connect_url: str, sql: str) -> None:
-    # spark-submit (which SparkSubmitHook always gives a --master) exports MASTER to the Python driver;
-    # pyspark refuses a master next to a Connect URL, and this job's Spark is the Connect server.
-    os.environ.pop("MASTER", None)
-    spark = SparkSession.builder.remote(connect_url).getOrCreate()
+    if connect_url == "local":
+        spark = SparkSession.builder.getOrCreate()   # spark-submit's master and confs (delta-spark)
+    else:
+        # spark-submit (which SparkSubmitHook always gives a --master) exports MASTER to the Python
+        # driver; pyspark refuses a master next to a Connect URL, and this job's Spark is the server.
+        os.environ.pop("MASTER", None)
+        spark = SparkSession.builder.remote(connect_url).getOrCreate()
     try:
         spark.sql(sql).collect()
     finally:

@@ -32,13 +32,15 @@ HALF = ROWS // 2         # the id range one writer touches
 APPEND_BASE = 100_000_000
 OPS = ("merge", "optimize", "update", "append", "delete")
 TABLES = ("partitioned", "dv")
-MODES = ("serial", "naive", "inject", "provider")
+MODES = ("serial", "naive", "inject", "provider", "worker")
 MODE_LABELS = {"naive": "(a) naive", "inject": "(b) injection only", "provider": "(c) provider",
+               "worker": "(c') provider, waits in the worker",
                "serial": "(d) serial"}
 MODE_TITLES = {
     "naive": "(a) naive: SparkSubmitOperator, the author's conditions, Airflow retries",
     "inject": "(b) predicate injection only (provider operators, no pool, no in-job retries)",
     "provider": "(c) the full provider: injection, conflict pool, typed retries",
+    "worker": "(c') the same with `deferrable=False`: a writer waits for its lease in the worker",
     "serial": "(d) everything serial: one Airflow pool slot",
 }
 

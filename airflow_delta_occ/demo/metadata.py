@@ -1,4 +1,4 @@
-"""Reading what a running Airflow recorded in its SQLite metadata database (tests and benchmarks).
+"""Reading what a running Airflow recorded in its SQLite metadata database (the demo, tests, benchmarks).
 
 Read-only connections, retried while the scheduler holds a write lock, so a reader never blocks or
 breaks the installation it watches.

@@ -26,6 +26,7 @@ from airflow_delta_occ.engine.sql_parser import render_identifier, to_sql
 from airflow_delta_occ.exceptions import (
     CommitNotConfirmedError,
     ConflictSkipped,
+    JobKilledError,
     JobSpecError,
     LeaseLostError,
     LeaseStoreError,
@@ -167,6 +168,8 @@ class DeltaBaseOperator(BaseOperator):
         _default_retries(kwargs, kwargs.get("default_args"))
         leasing.check_poll_interval(lease_poll_interval)
         leasing.route_to_airflow_pool(kwargs, kwargs.get("default_args"), conflict_pool)
+        if conflict_pool is not None and (known := leasing.configured_pool(conflict_pool)) is not None:
+            leasing.check_worker_wait(known, deferrable)
         super().__init__(**kwargs)
         self.table = table
         self.table_name = table_name
@@ -277,6 +280,7 @@ class DeltaBaseOperator(BaseOperator):
     # -- running: prepare -> run -> confirm -------------------------------------------------------
     def execute(self, context: Any) -> dict[str, Any]:
         started = time.monotonic()
+        self._kill_requested = threading.Event()   # set by on_kill: a lease wait or a granted lease stops
         prepared = self.prepare(context)
         if self.conflict_pool is not None:
             return self._lease_and_run(context, prepared, started)
@@ -309,34 +313,28 @@ class DeltaBaseOperator(BaseOperator):
             message = (event or {}).get("message") or f"unexpected lease trigger event {event!r}"
             raise LeaseStoreError(f"conflict pool {self.conflict_pool!r}: waiting for a lease failed: {message}")
         started = time.monotonic()
-        prepared = self.prepare(context)
+        self._kill_requested = threading.Event()
         pool = leasing.required_pool(str(self.conflict_pool))
-        owner = leasing.lease_owner(context)
-        leasing.pooled_table(pool, prepared.location)  # a table_name may now resolve elsewhere
-        lease = leasing.HeldLease(pool.name, str(event["request_id"]), owner, float(event.get("waited") or 0.0),
+        lease = leasing.HeldLease(pool.name, str(event["request_id"]), leasing.lease_owner(context),
+                                  float(event.get("waited") or 0.0),
                                   leasing.blocker_names(event.get("blockers_seen") or []))
         store = self._lease_store()
         try:
-            # The TTL ran since the grant; a lease that expired meanwhile is asked for again from scratch.
-            store.renew(lease.request_id, owner)
-        except LeaseLostError as exc:
-            self.log.warning("conflict pool %s: the granted lease %s expired before the task resumed (%s); "
-                             "asking again", pool.name, lease.request_id, exc)
-            store.close()
-            return self._lease_and_run(context, prepared, started)
-        try:
-            return self._run_leased(store, pool, lease, prepared, started)
+            return self._run_granted(context, store, pool, lease, started)
         finally:
             store.close()
 
     def _lease_and_run(self, context: Any, prepared: PreparedJob, started: float) -> dict[str, Any]:
-        """Ask the pool for a lease on ``prepared``'s footprint: run at once if granted, else defer.
+        """Ask the pool for a lease on ``prepared``'s footprint: run at once if granted, else wait for it
+        (deferred, or in the worker with ``deferrable=False``).
 
         Raises:
             PoolConfigError: no pool file, no such pool, or the table is not in it.
             TaskDeferred: the request waits; the task resumes in ``execute_complete``.
+            JobKilledError: the task was killed while it waited in the worker.
         """
         pool = leasing.required_pool(str(self.conflict_pool))
+        leasing.check_worker_wait(pool, self.deferrable)
         owner = leasing.lease_owner(context)
         request = leasing.lease_request(pool, prepared, owner)
         store = self._lease_store()
@@ -348,13 +346,10 @@ class DeltaBaseOperator(BaseOperator):
             self.log.info("conflict pool %s: lease request %s on %s waits for %s", pool.name, state.request_id,
                           request.table, leasing.describe_wait(state))
             if not self.deferrable:
-                self._stop_waiting = threading.Event()   # set by on_kill: the wait cancels its request
                 state, waited_for = leasing.wait_in_worker(store, request, state, self._poll_interval(), self.log,
-                                                           self._stop_waiting)
+                                                           self._kill_requested)
                 lease = leasing.HeldLease(pool.name, state.request_id, owner, state.waited or 0.0, waited_for)
-                prepared = self.prepare(context)   # the table may have moved while it waited
-                leasing.pooled_table(pool, prepared.location)
-                return self._run_leased(store, pool, lease, prepared, started)
+                return self._run_granted(context, store, pool, lease, started)
         finally:
             store.close()
         from airflow_delta_occ.triggers.lease import DeltaLeaseTrigger
@@ -363,6 +358,38 @@ class DeltaBaseOperator(BaseOperator):
                                              owner=owner, request=request.to_json(),
                                              poll_interval=self._poll_interval()),
                    method_name="execute_complete", timeout=None)
+
+    def _run_granted(self, context: Any, store: LeaseStore, pool: Pool, lease: leasing.HeldLease,
+                     started: float) -> dict[str, Any]:
+        """Run the job with a lease granted after a wait: plan it again (the table may have moved while it
+        waited), renew the lease (its TTL ran since the grant: one that expired meanwhile is asked for
+        again from scratch), then run it. Whatever fails or kills the task before the job starts gives
+        the lease back, so the next writer need not wait for its TTL.
+
+        Raises:
+            JobKilledError: ``on_kill`` ran before the job started.
+        """
+        self._held_lease = (lease.request_id, lease.owner)   # on_kill releases it from here on
+        try:
+            prepared = self.prepare(context)
+            leasing.pooled_table(pool, prepared.location)  # a table_name may now resolve elsewhere
+            if self._kill_requested.is_set():
+                raise JobKilledError(f"the task was killed after its lease {lease.request_id} was granted, "
+                                     "before its job started; the lease is released")
+            store.renew(lease.request_id, lease.owner)
+        except LeaseLostError as exc:
+            self._held_lease = None
+            if self._kill_requested.is_set():   # on_kill released it
+                raise JobKilledError(f"the task was killed after its lease {lease.request_id} was granted, "
+                                     "before its job started; the lease is released") from exc
+            self.log.warning("conflict pool %s: the granted lease %s expired before the job could start (%s); "
+                             "asking again", pool.name, lease.request_id, exc)
+            return self._lease_and_run(context, prepared, started)
+        except BaseException:
+            self._held_lease = None
+            leasing.release_quietly(store, lease.request_id, lease.owner, self.log)
+            raise
+        return self._run_leased(store, pool, lease, prepared, started)
 
     def _poll_interval(self) -> float:
         if self.lease_poll_interval is not None:
@@ -390,10 +417,10 @@ class DeltaBaseOperator(BaseOperator):
         """Stop the killed task's Spark job, then release its lease, so the next writer need not wait
         for the TTL. The job is stopped first: a writer granted the lease must not race a job that
         could still commit."""
-        waiting: threading.Event | None = self.__dict__.get("_stop_waiting")
-        if waiting is not None:
-            waiting.set()   # a wait in the worker cancels its request and raises JobKilledError
-        hook: DeltaSparkHook | None = self.__dict__.get("hook")  # built only once a job ran; never here
+        killed: threading.Event | None = self.__dict__.get("_kill_requested")
+        if killed is not None:
+            killed.set()   # a wait in the worker cancels its request; a granted lease is not used
+        hook: DeltaSparkHook | None = self.__dict__.get("hook")  # built by prepare(); never here
         if hook is not None:
             hook.on_kill()
         held, self._held_lease = self._held_lease, None

@@ -145,6 +145,7 @@ def describe_wait(state: LeaseState) -> str:
 # -- waiting in the worker (deferrable=False) -------------------------------------------------------
 DEFERRED_POLL_SECONDS = 2.0   # the triggerer polls the store for every deferred task: not too often
 WORKER_POLL_SECONDS = 0.5     # a waiting worker polls its own request: a grant is seen within this
+MIN_POLL_SECONDS = 0.01       # a smaller interval would spin on the store
 
 
 def check_poll_interval(value: object) -> None:
@@ -153,6 +154,23 @@ def check_poll_interval(value: object) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
         raise PoolConfigError(f"lease_poll_interval must be a positive number of seconds, got {value!r}")
+
+
+def check_worker_wait(pool: Pool, deferrable: bool) -> None:
+    """Refuse ``deferrable=False`` in a pool that limits its writers.
+
+    Such a pool's Airflow pool has ``max_writers`` slots, and a task waiting in the worker holds one:
+    waiters could fill every slot while the writer the store granted (a deferred one, or one not yet
+    started) needs a slot to run, and nothing would move until leases expire.
+
+    Raises:
+        PoolConfigError: ``deferrable=False`` and the pool sets ``max_writers``.
+    """
+    if not deferrable and pool.max_writers is not None:
+        raise PoolConfigError(
+            f"deferrable=False cannot be used with conflict pool {pool.name!r}: it limits writers (max_writers="
+            f"{pool.max_writers}), and tasks waiting in the worker hold the slots of its Airflow pool "
+            f"{pool.airflow_pool!r} that the writers granted a lease need to run; wait deferred instead")
 
 
 def wait_in_worker(store: LeaseStore, request: LeaseRequest, state: LeaseState, interval: float, log: Log,
@@ -168,11 +186,11 @@ def wait_in_worker(store: LeaseStore, request: LeaseRequest, state: LeaseState, 
     Raises:
         JobKilledError: ``stopped`` was set while the request waited.
     """
-    step = min(interval, request.ttl / 3)
+    step = max(min(interval, request.ttl / 3), MIN_POLL_SECONDS)
     waited_for = blocker_names(state.blockers)
     try:
-        while not state.granted:
-            if stopped.wait(step):
+        while not state.granted or stopped.is_set():
+            if stopped.is_set() or stopped.wait(step):
                 raise JobKilledError(f"the task was killed while its lease request {state.request_id} on "
                                      f"{request.table} waited; the request is cancelled")
             before = state.request_id

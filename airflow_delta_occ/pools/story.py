@@ -85,7 +85,8 @@ class PoolStory:
 
     @classmethod
     def from_audit(cls, events: Iterable[AuditEvent]) -> PoolStory:
-        """Build the story from audit events (any order; ``event_id`` orders them when every event has one).
+        """Build the story from audit events: in ``event_id`` order when every event has one (the store's
+        ``history`` does), else in the order given, which must then be the audit's.
 
         A request whose REQUEST event is not in ``events`` (it came before the window) is left out,
         as is a wait on a request whose footprint the audit cannot decode.

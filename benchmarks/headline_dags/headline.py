@@ -11,6 +11,7 @@ folder). Modes:
   policy ``fail``) and Airflow's plain retries, the same as ``naive``.
 * ``provider``: the provider's operators with ``partitions=`` and ``conflict_pool=``; the typed retry
   policies as they ship.
+* ``worker``: as ``provider``, with ``deferrable=False`` (a writer waits for its lease in the worker).
 * ``serial``: the provider's operators in an Airflow pool of one slot.
 """
 
@@ -77,6 +78,8 @@ def _dag(spec: dict[str, Any], entry: dict[str, Any]) -> DAG:
                                **retries)
             elif mode == "provider":
                 _provider_task(w, table, conflict_pool=spec["conflict_pool"])
+            elif mode == "worker":
+                _provider_task(w, table, conflict_pool=spec["conflict_pool"], deferrable=False)
             else:
                 _provider_task(w, table, pool=spec["serial_pool"])
     return dag

@@ -144,31 +144,66 @@ def test_provider_is_registered_with_its_config_and_connection_type(airflow_env:
     assert registered.get("delta_occ") == "airflow_delta_occ.hooks.delta.DeltaSparkHook"
 
 
-def test_merges_run_concurrently_under_the_scheduler(tmp_path: Path) -> None:
-    """The demo's path: a real scheduler with the LocalExecutor runs the mapped MERGEs side by side."""
-    from airflow_delta_occ.demo import run_with_scheduler
+WRITERS = {"merge_de", "fix_de", "merge_fr", "purge_it", "compact_es", "append_es"}
 
-    result = run_with_scheduler(tmp_path, dags_folder=REPO / "dags_examples", timeout=1200)
-    assert result["state"] == "success", f"see {tmp_path / 'airflow-standalone.log'}"
-    merges = [t for t in result["tasks"] if t["task_id"] == "merge_country"]
-    assert len(merges) == 4 and all(t["state"] == "success" for t in merges)
-    latest_start = max(t["start_date"] for t in merges)
-    earliest_end = min(t["end_date"] for t in merges)
-    assert latest_start < earliest_end, "the scheduler did not run the MERGE tasks at the same time"
 
-    log = DeltaLog.for_table(result["table"])
-    commits = [c for c in reversed(log.history()) if c.commit_info and c.commit_info.operation == "MERGE"]
-    assert [c.version for c in commits] == [1, 2, 3, 4]
-    tags = [json.loads(c.commit_info.user_metadata or "{}")["airflow"] for c in commits]  # type: ignore[union-attr]
-    assert sorted(t["map_index"] for t in tags) == [0, 1, 2, 3]
-    # Triggered without a logical date: the DAG writes the day of the run's run_after, one day for all tasks.
-    snapshot = log.snapshot()
-    assert {str(snapshot.partition_values(f)["date"]) for f in snapshot.files()} == {result["run_after"][:10]}
+def test_the_demo_runs_the_writers_in_a_conflict_pool_under_the_scheduler(tmp_path: Path) -> None:
+    """``make demo``'s path: a real scheduler (LocalExecutor), triggerer and SQLite lease store run six writers
+    at once; the pool holds back only the one that conflicts, nothing raises a conflict, the table is exact,
+    and the summary tells it."""
+    from airflow_delta_occ.demo import run_demo
+    from airflow_delta_occ.demo.summary import render
+
+    run = run_demo(tmp_path, dags_folder=REPO / "dags_examples", timeout=1200)
+    assert run.outcome.state == "success", f"see {tmp_path / 'airflow-standalone.log'}"
+    states = {t["task_id"]: (t["state"], int(t.get("try_number") or 1)) for t in run.outcome.tasks}
+    assert states == {t: ("success", 1) for t in {*WRITERS, "seed_table", "check_table"}}
+
+    # Each writer held a lease of the pool. The only pair that can conflict (both rewrite DE) never held
+    # leases together: the one that asked second waited for the other (the six start together, so it
+    # asks while the other holds its lease). Every other writer was granted at once.
+    assert set(run.leases.values()) == WRITERS
+    name = dict(run.leases)
+    held = {name[s.request_id]: s for s in run.story.spans if s.request_id in name}
+    together = {frozenset((name.get(a.request_id), name.get(b.request_id))) for a, b in run.story.together}
+    assert frozenset(("merge_de", "fix_de")) not in together
+    pairs = [{name.get(w.waiter.request_id), name.get(w.ahead.request_id)} for w in run.story.waits]
+    assert pairs in ([{"merge_de", "fix_de"}], []), pairs
+    if pairs:
+        [wait] = run.story.waits
+        assert wait.verdict.conflict and wait.waiter.granted_at is not None and wait.ahead.ended_at is not None
+        assert wait.waiter.granted_at >= wait.ahead.ended_at   # it started only once the other had let go
+    waiter = name.get(run.story.waits[0].waiter.request_id) if pairs else None
+    assert all(held[t].waited == 0 for t in WRITERS - {waiter}), {t: s.waited for t, s in held.items()}
+    assert run.story.peak >= 2
+
+    # No conflict reached Delta: one attempt per job, nothing retried.
+    assert set(run.results) == WRITERS
+    assert all(r.attempts == 1 and r.conflicts == () for r in run.results.values()), run.results
+
+    # The table: what check_table read with Spark is the closed form; the DAG wrote the day of run_after
+    # (a manual run has no logical date).
+    from dags_examples.delta_conflict_pool import expected_table
+
+    assert run.checked == {c: [rows, total] for c, (rows, total) in sorted(expected_table().items())}
+    snapshot = DeltaLog.for_table(run.table).snapshot()
+    assert {str(snapshot.partition_values(f)["date"]) for f in snapshot.files()} == {run.outcome.run_after[:10]}
+    operations = sorted(c.commit_info.operation for c in DeltaLog.for_table(run.table).history()
+                        if c.commit_info is not None and json.loads(c.commit_info.user_metadata or "{}"))
+    assert operations == ["DELETE", "MERGE", "MERGE", "OPTIMIZE", "UPDATE", "WRITE"]
+
+    text = "\n".join(render(run))
+    for expected in ("What ran in parallel", "What was serialized, and why",
+                     f"conflicts avoided by the pool: {len(pairs)} pair(s)",
+                     "Delta conflict exceptions inside the jobs: 0;", "task tries Airflow had to repeat: 0\n"):
+        assert expected in text, text
+    if frozenset(("compact_es", "append_es")) in together:  # both granted at once: overlap is likely, not certain
+        assert "share partition country=ES,date=" in text, text
 
 
 def test_demo_refuses_a_dags_folder_without_the_example_dag(tmp_path: Path) -> None:
     from airflow_delta_occ.demo import check_dags_folder
 
     assert check_dags_folder(REPO / "dags_examples") == (REPO / "dags_examples").resolve()
-    with pytest.raises(FileNotFoundError, match=r"does not hold delta_concurrent_merges\.py"):
+    with pytest.raises(FileNotFoundError, match=r"does not hold delta_conflict_pool\.py"):
         check_dags_folder(tmp_path)

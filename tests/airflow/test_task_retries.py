@@ -33,10 +33,10 @@ from urllib.parse import unquote
 import pytest
 
 from airflow_delta_occ.demo import free_port
+from airflow_delta_occ.demo.metadata import query as _query
+from airflow_delta_occ.demo.metadata import xcom
 from airflow_delta_occ.engine import DeltaLog
 
-from ..airflow_db import query as _query
-from ..airflow_db import xcom
 from ..spark.differential.harness import gate_jar
 from .conftest import AIRFLOW
 

@@ -285,3 +285,59 @@ def test_the_deferred_wait_polls_at_the_given_interval(pools: Path, sales_log: t
             if record.owner != "blocker":
                 store.release(record.request_id, record.owner)
     store.release(blocker, "blocker")
+
+
+def test_a_resumed_task_whose_plan_fails_gives_the_granted_lease_back(
+        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore) -> None:
+    """A lease granted in the triggerer and a re-plan that fails (here: the table is gone) must not keep
+    the lease until its TTL: the next writer would wait for nothing."""
+    import shutil
+
+    from airflow_delta_occ.engine.errors import TableNotFoundError
+
+    path, snapshot = sales_log
+    blocker = _block(store, path, snapshot)
+    op = _leased_update(path, store)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(_context())
+    store.release(blocker, "blocker")   # grants the waiter
+    shutil.rmtree(path)
+    event = {"status": "granted", "request_id": deferred.value.trigger.request_id, "waited": 1.0, "blockers_seen": []}
+    with pytest.raises(TableNotFoundError):
+        _leased_update(path, store).execute_complete(_context(), event=event)
+    assert store.records() == [] and store.history()[-1].kind is AuditKind.RELEASE
+
+
+def test_in_the_worker_a_kill_between_the_grant_and_the_job_releases_the_lease_and_runs_nothing(
+        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    path, snapshot = sales_log
+    blocker = _block(store, path, snapshot)
+    op = _update(table=path, conflict_pool="sales", deferrable=False, lease_poll_interval=0.05)
+    spark = _Spark(store)
+    op.__dict__["hook"] = spark
+    ran: list[bool] = []
+    spark.run = lambda spec: ran.append(True)  # type: ignore[method-assign,assignment,return-value]
+    plans = 0
+    prepare = op.prepare
+
+    def prepare_then_kill(context: Any) -> Any:
+        nonlocal plans
+        plans += 1
+        if plans == 2:   # the re-plan after the grant: SIGTERM arrives meanwhile
+            op.on_kill()
+        return prepare(context)
+
+    monkeypatch.setattr(op, "prepare", prepare_then_kill)
+    threading.Timer(0.3, store.release, (blocker, "blocker")).start()
+    with pytest.raises(JobKilledError, match=r"killed after its lease .* was granted"):
+        op.execute(_context())
+    assert ran == [] and store.records() == []
+
+
+def test_deferrable_false_is_refused_in_a_pool_that_limits_writers(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    _pool_file(monkeypatch, tmp_path / "pools.toml", '[pools.capped]\ntables = ["/lake/**"]\nmax_writers = 2\n')
+    with pytest.raises(PoolConfigError, match=r"deferrable=False cannot be used with conflict pool 'capped'.*"
+                                              r"max_writers=2"):
+        _update(conflict_pool="capped", deferrable=False)
+    assert _update(conflict_pool="capped").deferrable   # deferred waits are fine

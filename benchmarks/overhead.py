@@ -1,0 +1,154 @@
+"""Per-task overhead: the provider's DeltaMergeOperator against Airflow's SparkSubmitOperator running the same job.
+
+    .venv/bin/python benchmarks/overhead.py              # 6 measured rounds after one warm-up round
+    .venv/bin/python benchmarks/overhead.py --rounds 3   # a quick look
+
+One partitioned table (the headline's seed: partitions of ``ROWS`` rows in ``FILES`` files); one MERGE
+that updates half of partition 0. Each round runs it three ways, one task at a time under ``airflow
+standalone`` (``overhead_dags/overhead.py``), in an order that rotates with the round:
+
+* plain: ``SparkSubmitOperator`` submits ``headline_job.py`` with the statement the provider runs for
+  this MERGE (its partition predicate included), on a local master (``local[2]``, client mode);
+* submit: ``DeltaMergeOperator`` in spark-submit mode, the same master and delta-spark confs: what the
+  provider adds is reading the Delta log and planning before the submit, the runner's checks in the
+  driver (target, source confined to the partition), and confirming the commit after it;
+* embedded: the same operator in embedded mode (Spark starts inside the task process).
+
+Reported: each way's task duration (Airflow's start to end), and per round the difference to the plain
+task of the same round; medians (min-max) over the measured rounds. The first round is a warm-up (Ivy
+cache, page cache) and is not measured. The table is checked at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+import headline_workload as wl  # noqa: E402
+from _report import machine, write_section  # noqa: E402
+from headline import create_table  # noqa: E402
+
+from airflow_delta_occ.demo import airflow_cli, airflow_env, run_dag  # noqa: E402
+from airflow_delta_occ.demo.metadata import xcom  # noqa: E402
+from airflow_delta_occ.spark.session import delta_submit_conf, local_delta_session  # noqa: E402
+
+DAGS = HERE / "overhead_dags"
+DAG_ID = "delta_occ_overhead"
+VARIANTS = ("plain", "submit", "embedded")
+WRITERS = 4          # the headline's K=4 table: partition_count(4) partitions
+PARTITION = 0
+
+
+def statement(table: str, source_query: str) -> str:
+    """The MERGE the provider runs for the DAG's operator, written out for the plain job."""
+    return (f"MERGE INTO delta.`{table}` AS t USING ({source_query}) AS s "
+            f"ON t.id = s.id AND t.p = {PARTITION} WHEN MATCHED THEN UPDATE SET m = s.m")
+
+
+def run(work: Path, rounds: int) -> dict[str, Any]:
+    table = str(work / "lake" / "table")
+    spark = local_delta_session("overhead-seed")
+    try:
+        create_table(spark, table, WRITERS, "partitioned")
+    finally:
+        spark.stop()
+    source = f"SELECT id, {PARTITION} AS p, 'merged' AS m FROM range(0, {wl.HALF})"
+    spec = work / "spec.json"
+    spec.write_text(json.dumps({"table": table, "source_query": source, "partition": PARTITION,
+                                "statement": statement(table, source), "conf": delta_submit_conf(),
+                                "rounds": rounds + 1}))
+    env = airflow_env(
+        work / "airflow", DAGS,
+        DELTA_OCC_OVERHEAD_SPEC=str(spec),
+        AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="1",
+        AIRFLOW_CONN_SPARK_LOCAL=json.dumps({"conn_type": "spark", "host": "local[2]",
+                                             "extra": {"deploy-mode": "client"}}),
+        AIRFLOW_CONN_DELTA_SUBMIT=json.dumps({"conn_type": "delta_occ",
+                                              "extra": {"mode": "spark-submit", "spark_conn_id": "spark_local"}}),
+        AIRFLOW_CONN_DELTA_EMBEDDED=json.dumps({"conn_type": "delta_occ", "extra": {"mode": "embedded"}}),
+    )
+    (work / "airflow").mkdir(parents=True)
+    airflow_cli(env, "db", "migrate")
+    outcome = run_dag(env, work, DAG_ID, "overhead", timeout=600 + 300 * (rounds + 1),
+                      progress=lambda line: print(line, flush=True))
+    if outcome.state != "success":
+        raise SystemExit(f"the DAG run {outcome.state}; see {work}")
+    seconds = {t["task_id"]: datetime.fromisoformat(t["end_date"]).timestamp()
+               - datetime.fromisoformat(t["start_date"]).timestamp() for t in outcome.tasks}
+    db = work / "airflow" / "airflow.db"
+    spark_seconds = {t["task_id"]: float(r["run_seconds"]) for t in outcome.tasks
+                     if isinstance(r := xcom(db, DAG_ID, "overhead", t["task_id"]), dict)}
+    spark = local_delta_session("overhead-check")
+    try:
+        groups = {r["m"]: r["n"] for r in spark.sql(
+            f"SELECT m, count(*) AS n FROM delta.`{table}` GROUP BY m").collect()}
+    finally:
+        spark.stop()
+    return {"seconds": seconds, "spark_seconds": spark_seconds, "groups": groups, "rounds": rounds,
+            "expected_groups": {"merged": wl.HALF, "seed": wl.partition_count(WRITERS) * wl.ROWS - wl.HALF}}
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} ({min(values):.2f} to {max(values):.2f})"
+
+
+def report(result: dict[str, Any], command: str, wall: float) -> str:
+    seconds, rounds = result["seconds"], result["rounds"]
+    measured = range(1, rounds + 1)   # round 0 is the warm-up
+    per = {v: [seconds[f"{v}_{i}"] for i in measured] for v in VARIANTS}
+    diff = {v: [seconds[f"{v}_{i}"] - seconds[f"plain_{i}"] for i in measured] for v in ("submit", "embedded")}
+    spark_submit = [result["spark_seconds"][f"submit_{i}"] for i in measured]
+    correct = result["groups"] == result["expected_groups"]
+    lines = [
+        f"Run with `{' '.join(['.venv/bin/python benchmarks/overhead.py', command]).strip()}` on {machine()}; "
+        f"{time.strftime('%Y-%m-%d')}; the whole run took {wall / 60:.0f} min.",
+        "",
+        f"One MERGE updating {wl.HALF:,} of the {wl.ROWS:,} rows of partition p=0 ({wl.FILES} files), one task at a "
+        f"time under `airflow standalone`, {rounds} measured rounds after a warm-up; each round runs the three ways "
+        "in an order that rotates. Seconds, median (min to max).",
+        "",
+        "| way | task duration, s | minus the plain task of the same round, s |",
+        "|---|---|---|",
+        f"| plain `SparkSubmitOperator`, the provider's statement | {spread(per['plain'])} | 0 |",
+        f"| `DeltaMergeOperator`, spark-submit mode | {spread(per['submit'])} | {spread(diff['submit'])} |",
+        f"| `DeltaMergeOperator`, embedded mode | {spread(per['embedded'])} | {spread(diff['embedded'])} |",
+        "",
+        f"- The provider's job in spark-submit mode, from its runner's start to its commit (`run_seconds`): "
+        f"{spread(spark_submit)} s, inside the submit task's duration.",
+        f"- Final table: {result['groups']} rows per `m` value, "
+        + ("as expected." if correct else f"NOT the expected {result['expected_groups']}."),
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=6, help="measured rounds (after one warm-up round)")
+    parser.add_argument("--work", type=Path, help="keep the run's files here (default: a temporary folder)")
+    parser.add_argument("--no-doc", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    args = parser.parse_args()
+    work = (args.work or Path(tempfile.mkdtemp(prefix="delta-occ-overhead-"))).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"work folder: {work}", flush=True)
+    started = time.time()
+    result = run(work, args.rounds)
+    (work / "results.json").write_text(json.dumps(result, indent=1))
+    command = " ".join(sys.argv[1:])
+    text = report(result, command, time.time() - started)
+    print(text)
+    if not args.no_doc:
+        write_section("overhead", "Per-task overhead against a plain SparkSubmitOperator", text)
+
+
+if __name__ == "__main__":
+    main()

@@ -75,14 +75,20 @@ def standalone(env: Mapping[str, str], log_path: Path) -> Iterator[subprocess.Po
         try:
             yield server
         finally:
-            try:
-                os.killpg(server.pid, signal.SIGTERM)
-                server.wait(60)
-            except ProcessLookupError:
-                pass
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
-                server.wait(30)
+            stop_process_group(server)
+
+
+def stop_process_group(process: subprocess.Popen[Any]) -> None:
+    """Stop a server started with ``start_new_session=True`` and every process it started: SIGTERM to its
+    group, SIGKILL after 60 s."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(60)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(30)
 
 
 # Task instance states, grouped for a newcomer; the groups print in this order.

@@ -189,16 +189,17 @@ def wait_in_worker(store: LeaseStore, request: LeaseRequest, state: LeaseState, 
     step = max(min(interval, request.ttl / 3), MIN_POLL_SECONDS)
     waited_for = blocker_names(state.blockers)
     try:
-        while not state.granted or stopped.is_set():
-            if stopped.is_set() or stopped.wait(step):
-                raise JobKilledError(f"the task was killed while its lease request {state.request_id} on "
-                                     f"{request.table} waited; the request is cancelled")
+        # A kill is checked before each poll and once more after the grant (it may land during a poll).
+        while not state.granted and not stopped.wait(step):
             before = state.request_id
             state = store.poll_or_ask_again(before, request)
             if state.request_id != before:
                 log.info("lease request %s was gone; asked again: request %s is %s", before, state.request_id,
                          state.status.value)
             waited_for += [name for name in blocker_names(state.blockers) if name not in waited_for]
+        if stopped.is_set():
+            raise JobKilledError(f"the task was killed while its lease request {state.request_id} on "
+                                 f"{request.table} waited; the request is cancelled")
     except BaseException:
         release_quietly(store, state.request_id, request.owner, log)
         raise

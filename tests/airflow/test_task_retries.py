@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -32,7 +31,7 @@ from urllib.parse import unquote
 
 import pytest
 
-from airflow_delta_occ.demo import free_port
+from airflow_delta_occ.demo.airflow_run import free_port, stop_process_group
 from airflow_delta_occ.demo.metadata import query as _query
 from airflow_delta_occ.demo.metadata import xcom
 from airflow_delta_occ.engine import DeltaLog
@@ -205,14 +204,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             time.sleep(1)
     finally:
         for server in servers:
-            try:
-                os.killpg(server.pid, signal.SIGTERM)
-                server.wait(60)
-            except ProcessLookupError:
-                pass
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
-                server.wait(30)
+            stop_process_group(server)
     states = subprocess.run([*AIRFLOW, "tasks", "states-for-dag-run", DAG_ID, run_id, "-o", "json"], env=env,
                             capture_output=True, text=True, timeout=300)
     assert states.returncode == 0, states.stderr[-3000:]

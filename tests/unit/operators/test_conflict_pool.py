@@ -99,6 +99,7 @@ class _Spark:
     def __init__(self, store: SqlLeaseStore, seconds: float = 0.0) -> None:
         self.store, self.seconds = store, seconds
         self.holders_during: list[str] = []
+        self.runs = 0
 
     def credentials_for(self, location: str) -> None:  # local tables: no storage credentials
         return None
@@ -110,6 +111,7 @@ class _Spark:
         pass
 
     def run(self, spec: Any) -> JobResult:
+        self.runs += 1
         self.holders_during = [r.owner for r in self.store.holders()]
         time.sleep(self.seconds)
         return JobResult(status=JobStatus.SUCCESS, table=spec.target.label, operation=spec.operation)
@@ -232,19 +234,23 @@ def test_in_the_worker_a_waiter_starts_its_job_as_soon_as_the_holder_releases(
     assert kinds[0] is AuditKind.REQUEST and kinds[1] is AuditKind.GRANT and kinds[-1] is AuditKind.RELEASE
 
 
+def _worker_update(path: str, store: SqlLeaseStore) -> tuple[DeltaUpdateOperator, _Spark]:
+    """A pooled UPDATE that waits for its lease in the worker, polling every 50 ms; Spark replaced."""
+    op = _update(table=path, conflict_pool="sales", deferrable=False, lease_poll_interval=0.05)
+    spark = _Spark(store)
+    op.__dict__["hook"] = spark
+    return op, spark
+
+
 def test_in_the_worker_a_killed_waiter_cancels_its_request_and_never_runs(
         pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore) -> None:
     path, snapshot = sales_log
     blocker = _block(store, path, snapshot)
-    op = _update(table=path, conflict_pool="sales", deferrable=False, lease_poll_interval=0.05)
-    spark = _Spark(store)
-    op.__dict__["hook"] = spark
-    ran: list[bool] = []
-    spark.run = lambda spec: ran.append(True)  # type: ignore[method-assign,assignment,return-value]
+    op, spark = _worker_update(path, store)
     threading.Timer(0.4, op.on_kill).start()   # as the Task SDK's SIGTERM handler would
     with pytest.raises(JobKilledError, match=r"killed while its lease request .* waited"):
         op.execute(_context())
-    assert ran == []
+    assert spark.runs == 0
     assert [r.owner for r in store.records()] == ["blocker"]   # the waiter's request is gone
     assert store.history()[-1].kind is AuditKind.CANCEL
     store.release(blocker, "blocker")
@@ -254,8 +260,7 @@ def test_in_the_worker_a_request_dropped_while_waiting_is_asked_for_again(
         pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore) -> None:
     path, snapshot = sales_log
     blocker = _block(store, path, snapshot)
-    op = _update(table=path, conflict_pool="sales", deferrable=False, lease_poll_interval=0.05)
-    op.__dict__["hook"] = _Spark(store)
+    op, _ = _worker_update(path, store)
 
     def drop_then_release() -> None:
         time.sleep(0.3)
@@ -312,11 +317,7 @@ def test_in_the_worker_a_kill_between_the_grant_and_the_job_releases_the_lease_a
         pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore, monkeypatch: pytest.MonkeyPatch) -> None:
     path, snapshot = sales_log
     blocker = _block(store, path, snapshot)
-    op = _update(table=path, conflict_pool="sales", deferrable=False, lease_poll_interval=0.05)
-    spark = _Spark(store)
-    op.__dict__["hook"] = spark
-    ran: list[bool] = []
-    spark.run = lambda spec: ran.append(True)  # type: ignore[method-assign,assignment,return-value]
+    op, spark = _worker_update(path, store)
     plans = 0
     prepare = op.prepare
 
@@ -331,7 +332,7 @@ def test_in_the_worker_a_kill_between_the_grant_and_the_job_releases_the_lease_a
     threading.Timer(0.3, store.release, (blocker, "blocker")).start()
     with pytest.raises(JobKilledError, match=r"killed after its lease .* was granted"):
         op.execute(_context())
-    assert ran == [] and store.records() == []
+    assert spark.runs == 0 and store.records() == []
 
 
 def test_deferrable_false_is_refused_in_a_pool_that_limits_writers(tmp_path: Path,

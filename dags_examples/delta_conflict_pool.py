@@ -28,6 +28,7 @@ import tempfile
 
 from airflow.sdk import DAG, task
 
+from airflow_delta_occ.engine.sql_parser import render_identifier
 from airflow_delta_occ.operators.delta import (
     DeltaAppendOperator,
     DeltaDeleteOperator,
@@ -44,6 +45,16 @@ BASES = {"DE": 0, "FR": 1000, "IT": 2000, "ES": 3000}
 SEED_FILES, SEED_ROWS = 3, 10
 #: The run's day as YYYY-MM-DD, for every kind of run (a manual run has no logical date).
 RUN_DATE = "{{ (dag_run.logical_date or dag_run.run_after) | ds }}"
+
+
+def table_sql() -> str:
+    """The table in Spark SQL, its path quoted (a backtick in the path cannot end the identifier)."""
+    return f"delta.{render_identifier(TABLE)}"
+
+
+def day_sql(run_date: str) -> str:
+    """The run's day as a DATE literal; ValueError unless it is a YYYY-MM-DD date (never spliced as text)."""
+    return f"DATE'{dt.date.fromisoformat(run_date).isoformat()}'"
 
 
 def seed_amount(row_id: int) -> float:
@@ -97,7 +108,7 @@ with DAG(
         from airflow_delta_occ.hooks.delta import DeltaSparkHook
 
         with DeltaSparkHook().job_session() as spark:
-            spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{TABLE}` (id BIGINT, amount DOUBLE, date DATE, "
+            spark.sql(f"CREATE TABLE IF NOT EXISTS {table_sql()} (id BIGINT, amount DOUBLE, date DATE, "
                       "country STRING) USING delta PARTITIONED BY (date, country)")
             for f in range(SEED_FILES):
                 rows = [(b + f * SEED_ROWS + i, seed_amount(b + f * SEED_ROWS + i), run_date, c)
@@ -106,7 +117,7 @@ with DAG(
                     .selectExpr("id", "amount", "CAST(date AS DATE) AS date", "country") \
                     .repartition(1).write.format("delta")
                 if f == 0:
-                    writer = writer.mode("overwrite").option("replaceWhere", f"date = DATE'{run_date}'")
+                    writer = writer.mode("overwrite").option("replaceWhere", f"date = {day_sql(run_date)}")
                 else:
                     writer = writer.mode("append")
                 writer.save(TABLE)
@@ -134,8 +145,8 @@ with DAG(
 
         with DeltaSparkHook().job_session() as spark:
             found = {r["country"]: (int(r["n"]), float(r["total"])) for r in spark.sql(
-                f"SELECT country, count(*) AS n, sum(amount) AS total FROM delta.`{TABLE}` "
-                f"WHERE date = DATE'{run_date}' GROUP BY country").collect()}
+                f"SELECT country, count(*) AS n, sum(amount) AS total FROM {table_sql()} "
+                f"WHERE date = {day_sql(run_date)} GROUP BY country").collect()}
         expected = expected_table()
         if found != expected:
             raise ValueError(f"the table is not what the writers must leave: found {found}, expected {expected}")

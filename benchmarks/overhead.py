@@ -40,6 +40,7 @@ from headline import create_table  # noqa: E402
 
 from airflow_delta_occ.demo import airflow_cli, airflow_env, run_dag  # noqa: E402
 from airflow_delta_occ.demo.metadata import xcom  # noqa: E402
+from airflow_delta_occ.engine.sql_parser import render_identifier  # noqa: E402
 from airflow_delta_occ.spark.session import delta_submit_conf, local_delta_session  # noqa: E402
 
 DAGS = HERE / "overhead_dags"
@@ -51,7 +52,7 @@ PARTITION = 0
 
 def statement(table: str, source_query: str) -> str:
     """The MERGE the provider runs for the DAG's operator, written out for the plain job."""
-    return (f"MERGE INTO delta.`{table}` AS t USING ({source_query}) AS s "
+    return (f"MERGE INTO delta.{render_identifier(table)} AS t USING ({source_query}) AS s "
             f"ON t.id = s.id AND t.p = {PARTITION} WHEN MATCHED THEN UPDATE SET m = s.m")
 
 
@@ -91,7 +92,7 @@ def run(work: Path, rounds: int) -> dict[str, Any]:
     spark = local_delta_session("overhead-check")
     try:
         groups = {r["m"]: r["n"] for r in spark.sql(
-            f"SELECT m, count(*) AS n FROM delta.`{table}` GROUP BY m").collect()}
+            f"SELECT m, count(*) AS n FROM delta.{render_identifier(table)} GROUP BY m").collect()}
     finally:
         spark.stop()
     drivers = {t: d for t in seconds if (d := driver_seconds(work, t)) is not None}

@@ -13,7 +13,9 @@ store: memory, SQLite, PostgreSQL):
 4. **Fairness.** Waiting requests are judged in arrival order (``arbiter.decide``): a request is
    never overtaken by a later one it conflicts with; one that conflicts with nobody is granted at once.
 5. **Expiry.** A lease or a waiting request whose heartbeat (``renew`` / ``poll``) stopped for its
-   TTL is gone at the next operation on its pool, and recorded as expired or abandoned.
+   TTL is gone at the next operation on its pool, and recorded as expired or abandoned. Only the
+   owner's own calls move its deadline: a grant keeps the waiter's (a waiter that died just before
+   the release that granted it blocks the others for one TTL from its last heartbeat, not two).
 6. **Ownership.** Only the owner (one task try) can renew, poll or release a request; anybody else
    gets ``LeaseOwnershipError`` and changes nothing. Release is idempotent: releasing what is gone
    returns ``False``.
@@ -158,7 +160,11 @@ class LeaseStore(ABC):
             return self._settle(txn, request_id)
 
     def poll(self, request_id: str, owner: str) -> LeaseState:
-        """The request's state now; a heartbeat for a waiter. ``GONE`` when it expired or was released.
+        """The request's state now, and its owner's heartbeat. ``GONE`` when it expired or was released.
+
+        A granted lease keeps the deadline its owner's last heartbeat gave it, so the poll that tells a
+        waiter of its grant renews the lease when a third of its TTL has passed: the task then has the
+        time it had before the grant to start renewing it (after a trigger's hand-over, say).
 
         Most polls change nothing (the waiter still waits, its heartbeat is fresh), so a poll first reads
         without the lock and answers from that read; it takes the lock only when something is due: a
@@ -179,7 +185,10 @@ class LeaseStore(ABC):
             row = self._own(txn, request_id, owner)
             if row is not None and row.record.status is LeaseStatus.WAITING:
                 txn.update(replace(row, record=replace(row.record, expires_at=txn.now + row.ttl)))
-            return self._settle(txn, request_id)
+            state = self._settle(txn, request_id)
+            if state.granted and _heartbeat_due(state.record, row, txn.now):
+                return replace(state, record=self._extend(txn, request_id))
+            return state
 
     def poll_or_ask_again(self, request_id: str, request: LeaseRequest) -> LeaseState:
         """One step of a wait: ``poll``; a request that is gone (released, or abandoned while nobody polled
@@ -200,10 +209,10 @@ class LeaseStore(ABC):
         if mine is None or any(r.record.expires_at <= now for r in rows):
             return None
         _check_owner(mine, owner)
+        if _heartbeat_due(mine.record, mine, now):
+            return None
         if mine.record.status is LeaseStatus.GRANTED:
             return LeaseState(request_id, LeaseStatus.GRANTED, now, mine.record)
-        if mine.record.expires_at - now < mine.ttl * 2 / 3:
-            return None   # heartbeat due
         decision = decide([_candidate(r) for r in rows if r.record.status is LeaseStatus.GRANTED],
                           [_candidate(r) for r in rows if r.record.status is LeaseStatus.WAITING], self.judge)
         if decision.granted:
@@ -223,10 +232,7 @@ class LeaseStore(ABC):
                 self._expire(txn)
                 row = self._own(txn, request_id, owner)
                 if row is not None and row.record.status is LeaseStatus.GRANTED:
-                    record = replace(row.record, expires_at=txn.now + row.ttl)
-                    txn.update(replace(row, record=record))
-                    self._audit(txn, record, AuditKind.RENEW)
-                    return record
+                    return self._extend(txn, request_id)
                 if row is not None:
                     raise LeaseLostError(f"request {request_id} of {owner!r} is still waiting; only a granted "
                                          "lease can be renewed")
@@ -273,6 +279,14 @@ class LeaseStore(ABC):
             _check_owner(row, owner)
         return row
 
+    def _extend(self, txn: PoolTransaction, request_id: str) -> LeaseRecord:
+        """The owner's heartbeat on its granted lease: it lives one TTL from now (recorded as a renewal)."""
+        row = next(r for r in txn.rows() if r.request_id == request_id)
+        record = replace(row.record, expires_at=txn.now + row.ttl)
+        txn.update(replace(row, record=record))
+        self._audit(txn, record, AuditKind.RENEW)
+        return record
+
     def _expire(self, txn: PoolTransaction) -> list[Row]:
         live = []
         for row in txn.rows():
@@ -294,8 +308,9 @@ class LeaseStore(ABC):
         by_id = {r.request_id: r for r in live}
         for granted_id in decision.granted:
             row = by_id[granted_id]
-            record = replace(row.record, status=LeaseStatus.GRANTED, granted_at=txn.now,
-                             expires_at=txn.now + row.ttl)
+            # The deadline stays the waiter's own: only its owner's heartbeat moves it (a dead waiter
+            # granted here must not block the pool for a fresh TTL).
+            record = replace(row.record, status=LeaseStatus.GRANTED, granted_at=txn.now)
             txn.update(replace(row, record=record))
             by_id[granted_id] = replace(row, record=record)
             self._audit(txn, record, AuditKind.GRANT, f"waited {txn.now - record.requested_at:.3f} s")
@@ -316,6 +331,11 @@ def _check_owner(row: Row, owner: str) -> None:
     if row.record.owner != owner:
         raise LeaseOwnershipError(f"request {row.request_id} belongs to {row.record.owner!r}, not {owner!r}; "
                                   "nothing was changed")
+
+
+def _heartbeat_due(record: LeaseRecord | None, row: Row | None, now: float) -> bool:
+    """Whether a third of the TTL passed since the owner's last heartbeat (a poll then renews it)."""
+    return record is not None and row is not None and record.expires_at - now < row.ttl * 2 / 3
 
 
 def _request_detail(request: LeaseRequest) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,15 +80,18 @@ class SqlLeaseStore(LeaseStore):
     """Leases in a SQL database; ``url`` is a SQLAlchemy URL (``sqlite:////path/leases.db``,
     ``postgresql+psycopg2://user:pass@host:5432/db``). Tables are created on first use.
 
-    One instance per process: SQLAlchemy engines must not cross ``fork``.
+    One instance per process: SQLAlchemy engines must not cross ``fork``. ``clock`` replaces the
+    database's clock (epoch seconds) so that tests can move time instead of sleeping; in production
+    leave it unset, so that workers on hosts with skewed clocks agree on expiry.
 
     Raises:
         LeaseStoreError: the database cannot be reached, or is neither SQLite nor PostgreSQL.
     """
 
-    def __init__(self, url: str, *, judge: PairJudge | None = None, engine_options: dict[str, Any] | None = None
-                 ) -> None:
+    def __init__(self, url: str, *, judge: PairJudge | None = None, engine_options: dict[str, Any] | None = None,
+                 clock: Callable[[], float] | None = None) -> None:
         super().__init__(judge=judge)
+        self.clock = clock
         try:
             self.engine: Engine = _engine(url, engine_options or {})
         except (SQLAlchemyError, ImportError, ValueError) as exc:
@@ -146,7 +149,7 @@ class SqlLeaseStore(LeaseStore):
         """
         bump = (pools_table.update().where(pools_table.c.name == pool)
                 .values(next_seq=pools_table.c.next_seq + 1)
-                .returning(pools_table.c.next_seq, _now_sql(self.dialect)))
+                .returning(pools_table.c.next_seq, self._now()))
         found = conn.execute(bump).first()
         if found is None:
             if self.dialect == "postgresql":
@@ -160,12 +163,18 @@ class SqlLeaseStore(LeaseStore):
 
     def _read(self, pool: str) -> tuple[list[Row], float]:
         with self._errors(f"read pool {pool!r}"), self._reading() as conn:
-            query = sa.select(*_ROW_COLUMNS, _now_sql(self.dialect).label("now")).where(
+            query = sa.select(*_ROW_COLUMNS, self._now().label("now")).where(
                 leases_table.c.pool == pool).order_by(leases_table.c.seq)
             result = list(conn.execute(query))
             if not result:
-                return [], float(conn.execute(sa.select(_now_sql(self.dialect))).scalar_one())
+                return [], float(conn.execute(sa.select(self._now())).scalar_one())
             return [self._row(r) for r in result], float(result[0].now)
+
+    def _now(self) -> Any:
+        """The clock as a SQL expression: the database's, or the injected ``clock``'s reading now."""
+        if self.clock is None:
+            return _now_sql(self.dialect)
+        return sa.literal(float(self.clock()), sa.Float(53))
 
     def _row(self, r: Any) -> Row:
         """A stored row; its request is decoded (once per revision) only if it must be judged."""

@@ -45,6 +45,22 @@ def request_for(table: Snapshot) -> Request:
     return make
 
 
+class Clock:
+    """A store clock that tests move by hand (epoch seconds)."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _at(moment: float) -> Any:
+    """``moment`` on the store's clock, to the millisecond (pytest's default tolerance is relative: at
+    epoch seconds it would accept half an hour)."""
+    return pytest.approx(moment, abs=1e-3)
+
+
 def _wait_until(check: Callable[[], bool], timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -53,7 +69,12 @@ def _wait_until(check: Callable[[], bool], timeout: float = 5.0) -> None:
 
 
 class LeaseStoreContract:
-    """Every store must pass these; subclasses provide the ``store`` fixture."""
+    """Every store must pass these; subclasses provide the ``store`` fixture, and ``clocked_store``: a store
+    whose clock is the ``clock`` fixture."""
+
+    @pytest.fixture
+    def clock(self) -> Clock:
+        return Clock(1_700_000_000.0)
 
     # -- 1: no conflicting holders; a blocked request names what it waits for --------------------
     def test_disjoint_partitions_are_granted_together(self, store: LeaseStore, request_for: Request) -> None:
@@ -212,6 +233,51 @@ class LeaseStoreContract:
             time.sleep(0.2)
             assert store.acquire(request_for("waiter", "OPTIMIZE", ttl=0.5)).request_id == first.request_id
         assert AuditKind.REPLAN not in {e.kind for e in store.history()}
+
+    # -- 5: expiry on an injected clock: only the owner's heartbeat moves its deadline ------------
+    def test_a_dead_waiter_granted_by_a_release_expires_one_ttl_after_its_last_heartbeat(
+            self, clocked_store: LeaseStore, clock: Clock, request_for: Request) -> None:
+        """A waiter that died just before the release that granted it blocks conflicting writers for its
+        TTL from its last heartbeat (what the docs promise), not for a fresh TTL from the grant."""
+        store, ttl, t0 = clocked_store, 60.0, clock.now
+        holder = store.acquire(request_for("holder", "UPDATE", "country = 'DE'", ttl=ttl))
+        dead = store.acquire(request_for("dead", "UPDATE", "country = 'DE'", ttl=ttl))  # its last heartbeat
+        assert holder.granted and dead.status is LeaseStatus.WAITING
+        clock.now = t0 + 0.9 * ttl
+        assert store.release(holder.request_id, "holder")
+        [granted] = store.holders()
+        assert granted.owner == "dead" and granted.expires_at == _at(t0 + ttl)
+        clock.now = t0 + ttl + 0.01
+        assert store.acquire(request_for("next", "DELETE", "country = 'DE'", ttl=ttl)).granted
+        assert ("dead", AuditKind.EXPIRE) in [(e.owner, e.kind) for e in store.history()]
+        with pytest.raises(LeaseLostError):
+            store.renew(dead.request_id, "dead")
+
+    def test_a_live_waiter_keeps_the_lease_a_release_granted_it(
+            self, clocked_store: LeaseStore, clock: Clock, request_for: Request) -> None:
+        """What a waiting task does (poll every third of the TTL; once granted, renew every heartbeat)
+        keeps the lease: the poll that tells it of the grant is its owner's heartbeat and renews it."""
+        store, ttl, t0 = clocked_store, 60.0, clock.now
+        holder = store.acquire(request_for("holder", "UPDATE", "country = 'DE'", ttl=ttl))
+        waiter = store.acquire(request_for("waiter", "UPDATE", "country = 'DE'", ttl=ttl))
+        clock.now = t0 + 0.3 * ttl
+        assert store.poll(waiter.request_id, "waiter").status is LeaseStatus.WAITING
+        clock.now = t0 + 0.6 * ttl   # due: the poll refreshes the waiter's deadline to t0 + 1.6 TTL
+        assert store.poll(waiter.request_id, "waiter").status is LeaseStatus.WAITING
+        clock.now = t0 + 0.9 * ttl
+        assert store.renew(holder.request_id, "holder").expires_at == _at(t0 + 1.9 * ttl)
+        clock.now = t0 + 1.55 * ttl  # the release grants the waiter just before its heartbeat
+        assert store.release(holder.request_id, "holder")
+        assert [(r.owner, r.expires_at) for r in store.holders()] == [("waiter", _at(t0 + 1.6 * ttl))]
+        clock.now = t0 + 1.58 * ttl  # its next poll sees the grant, and is its heartbeat
+        seen = store.poll(waiter.request_id, "waiter")
+        assert seen.granted and seen.record is not None and seen.record.expires_at == _at(t0 + 2.58 * ttl)
+        other = store.acquire(request_for("other", "DELETE", "country = 'DE'", ttl=ttl))
+        for step in range(1, 10):    # then it renews every heartbeat (a third of the TTL at most)
+            clock.now = t0 + (1.58 + step / 3) * ttl
+            assert store.renew(waiter.request_id, "waiter").expires_at == _at(clock.now + ttl)
+            assert store.poll(other.request_id, "other").status is LeaseStatus.WAITING
+        assert [r.owner for r in store.holders()] == ["waiter"]
 
     def test_hostile_owner_and_table_text_is_stored_as_data(self, store: LeaseStore, request_for: Request) -> None:
         owner = "x'); DROP TABLE delta_occ_leases; --\n\u00e9\"`"

@@ -25,6 +25,9 @@ _CLASSIC = re.compile(r"^(\d{20})\.checkpoint\.parquet$")
 _MULTIPART = re.compile(r"^(\d{20})\.checkpoint\.(\d{10})\.(\d{10})\.parquet$")
 _V2 = re.compile(r"^(\d{20})\.checkpoint\.([0-9a-fA-F-]{36})\.(json|parquet)$")
 
+#: At most this many missing parts of an incomplete checkpoint are named in its error message.
+_MISSING_PARTS_NAMED = 10
+
 CheckpointKind = Literal["classic", "multipart", "v2"]
 
 
@@ -84,7 +87,8 @@ def list_log(storage: Storage, table_root: str) -> LogListing:
             classic[int(m.group(1))] = meta
         elif m := _MULTIPART.match(name):
             version, part, parts = int(m.group(1)), int(m.group(2)), int(m.group(3))
-            multipart.setdefault((version, parts), {})[part] = meta
+            if 1 <= part <= parts:  # part 0, or a part beyond the count, belongs to no checkpoint
+                multipart.setdefault((version, parts), {})[part] = meta
         elif m := _V2.match(name):
             v2.setdefault(int(m.group(1)), []).append(meta)
     checkpoints: dict[int, list[Checkpoint]] = {}
@@ -92,13 +96,10 @@ def list_log(storage: Storage, table_root: str) -> LogListing:
     for version, meta in classic.items():
         checkpoints.setdefault(version, []).append(Checkpoint(version, "classic", (meta,)))
     for (version, parts), found in multipart.items():
-        missing = [p for p in range(1, parts + 1) if p not in found]
-        if missing:
-            incomplete[version] = (
-                f"multi-part checkpoint {version} is incomplete: part(s) {missing} of {parts} missing"
-            )
+        if len(found) < parts:
+            incomplete[version] = _incomplete_reason(version, parts, found)
             continue
-        ordered = tuple(found[p] for p in range(1, parts + 1))
+        ordered = tuple(found[p] for p in sorted(found))
         checkpoints.setdefault(version, []).append(Checkpoint(version, "multipart", ordered))
     for version, metas in v2.items():
         for meta in metas:
@@ -108,6 +109,18 @@ def list_log(storage: Storage, table_root: str) -> LogListing:
     for version in checkpoints:
         checkpoints[version].sort(key=_checkpoint_preference)
     return LogListing(commits, checkpoints, incomplete)
+
+
+def _incomplete_reason(version: int, parts: int, found: dict[int, FileMeta]) -> str:
+    """Why a multi-part checkpoint is unusable, at a cost bounded by the files found.
+
+    The part count comes from a file name, so it can claim billions of parts: the missing parts are
+    named only when there are few of them, otherwise counted.
+    """
+    if parts - len(found) <= _MISSING_PARTS_NAMED:
+        missing = [p for p in range(1, parts + 1) if p not in found]
+        return f"multi-part checkpoint {version} is incomplete: part(s) {missing} of {parts} missing"
+    return f"multi-part checkpoint {version} is incomplete: only {len(found)} of its {parts} parts are present"
 
 
 def _checkpoint_preference(cp: Checkpoint) -> int:

@@ -6,6 +6,7 @@ import datetime as dt
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -174,6 +175,31 @@ def test_incomplete_multipart_checkpoint_without_fallback_is_an_error(table):
     os.remove(os.path.join(table.log_dir, names[2]))
     with pytest.raises(VersionNotFoundError, match=r"part\(s\) \[3\] of 3 missing"):
         DeltaLog.for_table(table.root).snapshot()
+
+
+@pytest.mark.timeout(60)
+def test_absurd_checkpoint_part_counts_cost_only_the_files_listed(table):
+    """A file name claiming ten billion parts must not make the listing enumerate the missing ones.
+
+    Such checkpoints are incomplete and skipped, as Delta does; the real checkpoint and the commits
+    after it are still used (the commits before it are gone, so nothing else could rebuild the table).
+    """
+    _grow(table, 9)
+    expected = _paths(DeltaLog.for_table(table.root).snapshot())
+    table.checkpoint(6)
+    table.delete_commits(range(0, 6))
+    for name in (f"{0:020d}.checkpoint.9999999999.9999999999.parquet",
+                 f"{7:020d}.checkpoint.0000000001.9999999999.parquet",  # one part of ten billion present
+                 f"{8:020d}.checkpoint.0000000003.0000000002.parquet",  # a part beyond the count
+                 f"{8:020d}.checkpoint.0000000000.0000000001.parquet"):  # part 0 does not exist
+        with open(os.path.join(table.log_dir, name), "wb") as fh:
+            fh.write(b"junk, not Parquet")
+    started = time.monotonic()
+    snap = DeltaLog.for_table(table.root).snapshot()
+    assert time.monotonic() - started < 5
+    assert snap.version == 9 and _paths(snap) == expected
+    with pytest.raises(VersionNotFoundError, match="9999999999 parts"):
+        DeltaLog.for_table(table.root).snapshot(0)
 
 
 def test_missing_table_and_empty_log(tmp_path):

@@ -32,13 +32,18 @@ def store_url(*, backend: str | None, host: str | None, port: int | None, schema
     """The SQLAlchemy URL a ``delta_occ_leases`` connection describes (pure, so it is tested without Airflow).
 
     Raises:
-        LeaseStoreError: the connection names no store, or an unknown backend.
+        LeaseStoreError: the connection names no store, an unknown backend, a URL that does not parse or a
+            port out of range (the message never quotes a password).
     """
     import sqlalchemy as sa
 
+    from airflow_delta_occ.pools.leases.urls import check_port, parse_url
+
     if extra.get("url"):
-        url = sa.engine.make_url(str(extra["url"]))
-        return url.set(password=password).render_as_string(hide_password=False) if password else str(url)
+        url = parse_url(str(extra["url"]))
+        if password:
+            url = url.set(password=password)
+        return url.render_as_string(hide_password=False)   # str() would mask the password the store needs
     chosen = (backend or extra.get("backend") or ("postgresql" if host else "")).lower()
     if chosen == "sqlite":
         path = extra.get("path") or host
@@ -48,6 +53,7 @@ def store_url(*, backend: str | None, host: str | None, port: int | None, schema
     if chosen == "postgresql":
         if not host:
             raise LeaseStoreError("a PostgreSQL lease store needs a host")
+        check_port(port or None, f"connection to host {host!r}")   # 0: the form's empty port
         url = sa.engine.URL.create("postgresql+psycopg2", username=login or None, password=password or None,
                                    host=host, port=port or 5432, database=schema or None)
         return url.render_as_string(hide_password=False)

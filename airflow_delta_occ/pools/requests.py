@@ -67,15 +67,15 @@ class LeaseRequest:
                                    ("owner", self.owner, MAX_OWNER_LENGTH)):
             if not isinstance(value, str) or not value.strip() or len(value) > limit:
                 raise LeaseRequestError(f"{name} must be a non-empty string of at most {limit} characters, "
-                                        f"got {value!r:.80}")
-        if self.model not in MODELS:
-            raise LeaseRequestError(f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
+                                        f"got {_shown(value)}")
+        if not isinstance(self.model, str) or self.model not in MODELS:
+            raise LeaseRequestError(f"model must be one of {', '.join(MODELS)}, got {_shown(self.model)}")
         if self.max_writers is not None and (isinstance(self.max_writers, bool) or not isinstance(
                 self.max_writers, int) or self.max_writers < 1):
-            raise LeaseRequestError(f"max_writers must be a positive integer or null, got {self.max_writers!r}")
+            raise LeaseRequestError(f"max_writers must be a positive integer or null, got {_shown(self.max_writers)}")
         if isinstance(self.ttl, bool) or not isinstance(self.ttl, int | float) or not math.isfinite(self.ttl) \
                 or self.ttl <= 0:
-            raise LeaseRequestError(f"ttl must be a positive number of seconds, got {self.ttl!r}")
+            raise LeaseRequestError(f"ttl must be a positive number of seconds, got {_shown(self.ttl)}")
 
     @property
     def planned(self) -> PlannedJob:
@@ -92,6 +92,21 @@ class LeaseRequest:
                 "ttl": self.ttl, "summary": self.summary}
 
     @classmethod
+    def from_json_text(cls, text: str) -> LeaseRequest:
+        """``from_json`` of stored JSON text (a store's row, an audit detail); the text is untrusted.
+
+        Raises:
+            LeaseRequestError: not JSON, nested deeper than Python can decode, or not a request.
+        """
+        try:
+            data = json.loads(text)
+        except RecursionError as exc:
+            raise LeaseRequestError("lease request: the JSON is nested too deeply to decode") from exc
+        except ValueError as exc:   # json.JSONDecodeError, and a str that is not text
+            raise LeaseRequestError(f"lease request is not JSON: {exc}") from exc
+        return cls.from_json(data)
+
+    @classmethod
     def from_json(cls, data: object) -> LeaseRequest:
         """Rebuild from ``to_json``'s form; the document is untrusted.
 
@@ -105,11 +120,15 @@ class LeaseRequest:
             state = TableState.from_json(data.get("table_state"))
         except FootprintDecodeError as exc:
             raise LeaseRequestError(f"lease request: {exc}") from exc
+        except RecursionError as exc:  # the engine's decoders refuse depth; this is the last guard
+            raise LeaseRequestError("lease request: the footprint is nested too deeply") from exc
         fields: dict[str, Any] = data  # each field is checked by check() below
+        summary = fields.get("summary") or ""
+        if not isinstance(summary, str):
+            raise LeaseRequestError(f"lease request: summary must be a string, got {_shown(summary)}")
         request = cls(pool=fields.get("pool", ""), table=fields.get("table", ""), owner=fields.get("owner", ""),
                       footprint=footprint, table_state=state, model=fields.get("model", "delta"),
-                      max_writers=fields.get("max_writers"), ttl=fields.get("ttl", 300.0),
-                      summary=str(fields.get("summary") or ""))
+                      max_writers=fields.get("max_writers"), ttl=fields.get("ttl", 300.0), summary=summary)
         request.check()
         return request
 
@@ -171,6 +190,8 @@ class LeaseRecord:
                        summary=str(doc["summary"]), requested_at=float(doc["requested_at"]),
                        granted_at=None if doc["granted_at"] is None else float(doc["granted_at"]),
                        expires_at=float(doc["expires_at"]))
+        except RecursionError as exc:   # str() of a value nested deeper than Python can print
+            raise LeaseRequestError("lease record: a field is nested too deeply") from exc
         except (KeyError, TypeError, ValueError) as exc:
             raise LeaseRequestError(f"lease record: {exc!r}") from exc
 
@@ -233,6 +254,8 @@ class LeaseState:
                        checked_at=float(doc["checked_at"]),
                        record=None if doc.get("record") is None else LeaseRecord.from_json(doc["record"]),
                        blockers=tuple(Blocker.from_json(b) for b in blockers))
+        except RecursionError as exc:   # str() of a value nested deeper than Python can print
+            raise LeaseRequestError("lease state: a field is nested too deeply") from exc
         except (KeyError, TypeError, ValueError) as exc:
             raise LeaseRequestError(f"lease state: {exc!r}") from exc
 
@@ -241,6 +264,16 @@ def _object(data: object, what: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise LeaseRequestError(f"a {what} must be an object, got {type(data).__name__}")
     return data
+
+
+def _shown(value: object) -> str:
+    """``value`` for an error message: a scalar's repr, cut short; a container by its type only (its repr
+    could be huge, or nested deeper than Python can print)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10 ** 80:
+        return "an integer of more than 80 digits"   # repr refuses ints above 4300 digits
+    if value is None or isinstance(value, str | int | float):
+        return f"{value!r:.80}"
+    return f"a {type(value).__name__}"
 
 
 def _optional_str(value: object) -> str | None:

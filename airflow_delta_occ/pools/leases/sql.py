@@ -15,7 +15,6 @@ a SQLAlchemy URL and imports no Airflow; the Airflow layer resolves a connection
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,6 +30,7 @@ from airflow_delta_occ.exceptions import LeaseStoreError
 from ..compare import PairJudge
 from ..requests import AuditEvent, AuditKind, LeaseRecord, LeaseRequest, LeaseRequestError, LeaseStatus
 from .base import LeaseStore, PoolTransaction, Row, newest
+from .urls import masked_url, parse_url
 
 SCHEMA_LOCK_KEY = 0x44454C54414F4343  # "DELTAOCC": the advisory lock that serializes schema creation
 
@@ -222,8 +222,8 @@ class SqlLeaseStore(LeaseStore):
         found = self._requests.get(key)
         if found is None:
             try:
-                found = LeaseRequest.from_json(json.loads(text))
-            except (ValueError, LeaseRequestError) as exc:
+                found = LeaseRequest.from_json_text(text)
+            except LeaseRequestError as exc:
                 raise LeaseStoreError(f"request {request_id} in the lease store cannot be read: {exc}") from exc
             self._requests[key] = found
             if len(self._requests) > 10_000:
@@ -363,7 +363,7 @@ def _now_sql(dialect: str) -> Any:
 
 
 def _engine(url: str, options: dict[str, Any]) -> Engine:
-    parsed = sa.engine.make_url(url)
+    parsed = parse_url(url)
     if parsed.get_backend_name() == "sqlite":
         engine = sa.create_engine(parsed, **{"connect_args": {"timeout": 60}, **options})
         sa.event.listen(engine, "connect", _sqlite_connect)
@@ -393,5 +393,5 @@ def _sqlite_begin(conn: Connection) -> None:
 def _safe(url: str) -> str:
     try:
         return sa.engine.make_url(url).render_as_string(hide_password=True)
-    except Exception:  # a URL that does not parse is reported by the error that follows
-        return "<unparsable URL>"
+    except Exception:  # a URL that does not parse is still named, without its password
+        return masked_url(url)

@@ -469,7 +469,10 @@ class Sidecar:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Sidecar:
-        return cls(_str(d, "path"), _long(d, "sizeInBytes", 0))
+        path = _str(d, "path")
+        if "\x00" in path:  # the engine opens this file: no store's file name can hold a NUL
+            raise MalformedActionError(f"'path' holds a NUL character: {path!r}")
+        return cls(path, _long(d, "sizeInBytes", 0))
 
 
 @dataclass(frozen=True, slots=True)

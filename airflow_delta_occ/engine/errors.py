@@ -10,6 +10,7 @@ line, version or column involved so a person can act on it without a debugger.
     │   ├── LogCorruptError         bad JSON line, missing checkpoint part, gap in versions, ...
     │   ├── VersionNotFoundError    requested version does not exist or was cleaned up
     │   └── UnsupportedProtocolError  a reader version or feature this engine cannot honour
+    ├── InvalidVersionError         a version argument that is not an integer (``snapshot('1')``)
     ├── PredicateError              a filter the engine cannot accept
     │   ├── PredicateSyntaxError    the SQL text does not parse
     │   ├── UnknownColumnError      a column the table does not have
@@ -90,6 +91,20 @@ class UnsupportedProtocolError(LogError):
     def __init__(self, message: str, *, features: frozenset[str] = frozenset()) -> None:
         self.features = features
         super().__init__(message)
+
+
+class InvalidVersionError(DeltaOccError):
+    """A version (or version bound) handed to the engine is not an integer: text, a bool, a float.
+
+    Not a ``VersionNotFoundError``: nothing is wrong with the table, the caller passed something that
+    is not a version, typically a templated value that arrived as the text ``'1'``. Refused before
+    the log is read, instead of a ``TypeError`` from a comparison or ``True`` read as version 1.
+    """
+
+    def __init__(self, value: object, what: str = "version") -> None:
+        self.value = value
+        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+        super().__init__(f"{what} must be an integer, got {type(value).__name__} {shown}")
 
 
 class PredicateError(DeltaOccError):

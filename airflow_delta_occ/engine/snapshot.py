@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -32,7 +33,7 @@ from .actions import (
     parse_json_actions,
 )
 from .checkpoint import read_checkpoint
-from .errors import LogCorruptError, UnsupportedProtocolError, VersionNotFoundError
+from .errors import InvalidVersionError, LogCorruptError, UnsupportedProtocolError, VersionNotFoundError
 from .expressions import and_, split_conjuncts
 from .file_state import FileKey, FileState
 from .log_segment import LOG_DIR, LogListing, build_segment, commit_file_name, list_log
@@ -129,8 +130,9 @@ class DeltaLog:
             VersionNotFoundError: the version does not exist or can no longer be rebuilt.
             LogCorruptError: a needed log file is malformed or missing.
             UnsupportedProtocolError: the table needs a reader feature this engine lacks.
+            InvalidVersionError: ``version`` is not an integer (``'1'``, ``True``, ``1.0``).
         """
-        return self._load(self.listing(), version)
+        return self._load(self.listing(), None if version is None else _version_arg(version, "version"))
 
     def _load(self, listing: LogListing, version: int | None) -> Snapshot:
         segment = build_segment(listing, version)
@@ -157,7 +159,10 @@ class DeltaLog:
 
         Raises:
             VersionNotFoundError: a commit in the range was removed by log cleanup.
+            InvalidVersionError: ``version`` or ``until`` is not an integer.
         """
+        version = _version_arg(version, "version")
+        until = None if until is None else _version_arg(until, "until")
         listing = self.listing()
         latest = listing.latest_version
         assert latest is not None
@@ -180,6 +185,20 @@ class DeltaLog:
         if limit is not None:
             versions = versions[:limit]
         return [self._read_commit(v, listing.commits[v]) for v in versions]
+
+
+def _version_arg(value: object, what: str) -> int:
+    """``value`` as a version number, or ``InvalidVersionError`` naming ``what``.
+
+    Integers of any kind (numpy's too) are accepted; a bool is refused although Python counts it as
+    an int, since ``True`` meaning version 1 is always a caller's mistake.
+    """
+    if isinstance(value, bool | np.bool_):
+        raise InvalidVersionError(value, what)
+    try:
+        return operator.index(value)  # type: ignore[arg-type]  # anything with __index__ is an integer
+    except TypeError:
+        raise InvalidVersionError(value, what) from None
 
 
 class _ReplayState:

@@ -194,6 +194,7 @@ JSON_CASES: dict[str, str] = {
     "commitInfo readVersion is negative": _line("commitInfo", {"readVersion": -1}),
     "commitInfo tags value is a number": _line("commitInfo", {"tags": {"a": 1}}),
     "sidecar path is a number": _line("sidecar", {"path": 5, "sizeInBytes": 1}),
+    "sidecar path holds a NUL": _line("sidecar", {"path": "a\x00b.parquet", "sizeInBytes": 1}),
     "checkpointMetadata version is a string": _line("checkpointMetadata", {"version": "1"}),
 }
 for _field in ("size", "modificationTime"):
@@ -259,6 +260,23 @@ def test_lone_surrogate_path_after_a_checkpoint(table):
     path = _write(table, 2, json.dumps(commit_info()), _line("remove", {"path": "@p@"}, p='"\\udc80"'))
     err = _raises_corrupt(table.root)
     assert err.path == path and err.line == 2, err
+
+
+@pytest.mark.parametrize("top_level", ["json", "parquet"])
+def test_nul_in_a_v2_checkpoint_sidecar_path_names_the_checkpoint(table, top_level):
+    """No store can hold a file name with a NUL: the checkpoint is corrupt, not a ``ValueError`` from ``open``."""
+    table.commit(commit_info(), add("date=2024-01-01/country=DE/a.parquet", DE))
+    name, (sidecar,) = table.v2_checkpoint(1, sidecars=1, top_level=top_level)
+    path = os.path.join(table.log_dir, name)
+    if top_level == "json":
+        with open(path) as fh:
+            text = fh.read()
+        with open(path, "w") as fh:
+            fh.write(text.replace(sidecar, "a\\u0000b.parquet"))
+    else:
+        pq.write_table(_mutate_column(pq.read_table(path), "sidecar", ("path",), _const("a\x00b.parquet")), path)
+    err = _raises_corrupt(table.root)
+    assert err.path == path and "NUL" in str(err), err
 
 
 STATS_SCHEMA = {"type": "struct", "fields": [

@@ -8,11 +8,13 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from airflow_delta_occ.engine import (
     AddFile,
     DeltaLog,
+    InvalidVersionError,
     LogCorruptError,
     TableNotFoundError,
     UnsupportedProtocolError,
@@ -249,6 +251,25 @@ def test_version_that_does_not_exist(table):
         log.snapshot(7)
     with pytest.raises(VersionNotFoundError):
         log.snapshot(-1)
+
+
+@pytest.mark.parametrize("version", ["1", b"1", True, False, 1.0, 0.5, [1]], ids=repr)
+def test_a_version_that_is_not_an_integer_is_refused_by_name(table, version):
+    """A templated version often arrives as text; it must be refused, not compared with ints (or read as 1/0)."""
+    log = DeltaLog.for_table(table.root)
+    with pytest.raises(InvalidVersionError, match=rf"version must be an integer, got {type(version).__name__}"):
+        log.snapshot(version)
+    with pytest.raises(InvalidVersionError, match="version must be an integer"):
+        log.commits_after(version)
+    with pytest.raises(InvalidVersionError, match="until must be an integer"):
+        log.commits_after(0, until=version)
+
+
+def test_integer_like_versions_are_accepted(table):
+    _grow(table, 2)
+    log = DeltaLog.for_table(table.root)
+    assert log.snapshot(np.int64(1)).version == 1
+    assert [c.version for c in log.commits_after(np.int32(0), until=np.int64(1))] == [1]
 
 
 def test_unsupported_reader_feature_and_version(tmp_path):

@@ -32,11 +32,11 @@ from airflow_delta_occ.engine.errors import (
     UnsupportedProtocolError,
     UnsupportedStorageError,
 )
-from airflow_delta_occ.exceptions import ConflictFailure, ProviderConfigError, UnsafeLogStoreError
+from airflow_delta_occ.exceptions import ConflictFailure, JobSpecError, ProviderConfigError, UnsafeLogStoreError
 from airflow_delta_occ.jobs.result import REFUSED_TYPES
 
 from .classify import ADVICE, ConflictKind, classify_conflict
-from .policy import Action, ConflictPolicy, policies_for
+from .policy import Action, ConflictPolicy, layer_overrides, policies_for
 
 # Retrying cannot fix these: what the runner refuses (bad job input, a missing table or source), a
 # condition the engine cannot read, a table this engine cannot read, a malformed log (Delta's commit
@@ -55,20 +55,25 @@ class DeltaConflictRetryPolicy(RetryPolicy):
     :param operation: the job's operation (``merge``, ``optimize``...), which picks the base policies.
     :param overrides: the task's ``conflict_policies=`` (layered over the platform's defaults).
     :param policies: resolved policies to use as they are (tests, custom operators).
+    :raises JobSpecError: ``overrides`` or ``policies`` are not policies, or out of their documented
+        ranges: refused when the DAG is parsed, not when Airflow asks the policy after a failure (where
+        an error only makes Airflow fall back to its own retries).
     """
 
     def __init__(self, operation: str = "merge", overrides: Mapping[str, Any] | None = None, *,
                  policies: Mapping[ConflictKind, ConflictPolicy] | None = None) -> None:
         self.operation = operation
-        self.overrides = dict(overrides or {})
-        self._policies = dict(policies) if policies is not None else None
+        try:
+            self.overrides = layer_overrides(overrides)
+        except (TypeError, ValueError) as exc:
+            raise JobSpecError(f"conflict_policies: {exc}") from exc
+        self._policies = _checked(policies) if policies is not None else None
 
     @property
     def policies(self) -> Mapping[ConflictKind, ConflictPolicy]:
         """The resolved policies: the same answer the runner's in-job loop gets for this task."""
         if self._policies is None:
             from airflow_delta_occ.config import conflict_policies
-            from airflow_delta_occ.retry.policy import layer_overrides
 
             self._policies = policies_for(self.operation, layer_overrides(conflict_policies(), self.overrides))
         return self._policies
@@ -85,3 +90,18 @@ class DeltaConflictRetryPolicy(RetryPolicy):
             delay = dt.timedelta(seconds=policy.delay(try_number))
             return RetryDecision(RetryAction.RETRY, retry_delay=delay, reason=f"{kind.value}: retrying")
         return RetryDecision(RetryAction.FAIL, reason=f"{kind.value}: {ADVICE[kind]}")
+
+
+def _checked(policies: Mapping[ConflictKind, ConflictPolicy]) -> dict[ConflictKind, ConflictPolicy]:
+    """``policies`` as given, once each is known to be a ``ConflictPolicy`` (whose fields it checked itself).
+
+    Raises:
+        JobSpecError: a key is not a conflict kind or a value is not a ``ConflictPolicy``.
+    """
+    if not isinstance(policies, Mapping):
+        raise JobSpecError(f"policies must map conflict kinds to ConflictPolicy, got {type(policies).__name__}")
+    for kind, policy in policies.items():
+        if not isinstance(kind, ConflictKind) or not isinstance(policy, ConflictPolicy):
+            raise JobSpecError(f"policies must map conflict kinds to ConflictPolicy, got {kind!r:.60}: "
+                               f"{type(policy).__name__}")
+    return dict(policies)

@@ -13,7 +13,6 @@ in-job loop and the task-level ``DeltaConflictRetryPolicy`` both decide from its
 from __future__ import annotations
 
 import logging
-import math
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -42,6 +41,19 @@ class Action(StrEnum):
 
 MAX_ATTEMPTS = 100
 """Most attempts one conflict policy may ask for inside a job."""
+MAX_DELAY_SECONDS = 86_400.0
+"""Longest ``initial_delay``, ``max_delay`` and ``jitter`` (one day): a backoff is then at most two days,
+which ``time.sleep`` in the job and Airflow's ``timedelta`` both take (1e300 overflowed them)."""
+MAX_MULTIPLIER = 10.0
+"""Steepest backoff growth: a delay reaches ``max_delay`` within a few attempts long before this."""
+
+# field -> (lowest, highest, unit), the documented ranges (docs/operators.md#retries)
+RANGES: Mapping[str, tuple[float, float, str]] = {
+    "initial_delay": (0.0, MAX_DELAY_SECONDS, " seconds"),
+    "max_delay": (0.0, MAX_DELAY_SECONDS, " seconds"),
+    "jitter": (0.0, MAX_DELAY_SECONDS, " seconds"),
+    "multiplier": (1.0, MAX_MULTIPLIER, ""),
+}
 
 
 @dataclass(frozen=True)
@@ -56,18 +68,18 @@ class ConflictPolicy:
     jitter: float = 1.0
 
     def __post_init__(self) -> None:
-        # Values arrive from DAG files and JSON config: NaN, infinity, booleans and 2.5 attempts are
-        # refused here, at parse time, instead of misbehaving inside the job.
+        # Values arrive from DAG files and JSON config: NaN, infinity, booleans, 2.5 attempts and a delay
+        # of 1e300 s are refused here, when the policy is built, instead of overflowing in the job's sleep
+        # or in the task-level policy's timedelta. The callers turn ValueError into their typed error.
         if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) \
                 or not 1 <= self.max_attempts <= MAX_ATTEMPTS:
-            raise ValueError(f"max_attempts must be a whole number from 1 to {MAX_ATTEMPTS}, got {self.max_attempts!r}")
-        for name in ("initial_delay", "max_delay", "multiplier", "jitter"):
+            raise ValueError(f"max_attempts must be a whole number from 1 to {MAX_ATTEMPTS}, "
+                             f"got {_shown(self.max_attempts)}")
+        for name, (lowest, highest, unit) in RANGES.items():
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
-                    or value < 0:
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        if self.multiplier < 1:
-            raise ValueError(f"multiplier must be at least 1, got {self.multiplier!r}")
+            # Compared as they are (an int is never converted to a float, which overflows); NaN fails both.
+            if isinstance(value, bool) or not isinstance(value, int | float) or not lowest <= value <= highest:
+                raise ValueError(f"{name} must be a number from {lowest:g} to {highest:g}{unit}, got {_shown(value)}")
 
     @property
     def wait(self) -> wait_base:
@@ -81,6 +93,16 @@ class ConflictPolicy:
         state = tenacity.RetryCallState(cast(Any, None), None, (), {})
         state.attempt_number = attempt
         return float(self.wait(state))
+
+
+def _shown(value: object) -> str:
+    """``value`` for an error message, short: an int of 400 digits is not worth quoting (nor can repr
+    print one above 4300)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10 ** 15:
+        return "a number of more than 15 digits"
+    if value is None or isinstance(value, str | int | float):
+        return f"{value!r:.40}"
+    return f"a {type(value).__name__}"   # a container's repr can be huge, or too deep to print
 
 
 DEFAULT_POLICIES: Mapping[ConflictKind, ConflictPolicy] = {

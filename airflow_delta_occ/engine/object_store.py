@@ -44,6 +44,16 @@ SCHEMES: dict[str, StoreKind] = {
 # are abfs:// (no TLS) and abfss:// of one container.
 CANONICAL_SCHEMES: dict[StoreKind, str] = {StoreKind.S3: "s3", StoreKind.AZURE: "abfss", StoreKind.GCS: "gs",
                                            StoreKind.HDFS: "hdfs"}
+# The port a scheme's URIs mean when they name none: ``hdfs://nn/x`` is the namenode's RPC port 8020
+# (Hadoop's default), ``abfss://`` is HTTPS. Buckets (s3, gs) take no port.
+DEFAULT_PORTS: dict[str, int] = {"hdfs": 8020, "abfs": 80, "abfss": 443, "wasb": 80, "wasbs": 443, "http": 80,
+                                 "https": 443}
+# Schemes whose canonical form writes the default port out rather than leaving it off: HDFS namespaces
+# are written with their port (in lease keys already stored, and in OpenLineage's naming spec).
+_EXPLICIT_PORT_SCHEMES = frozenset({"hdfs"})
+# Schemes whose user info is an Azure container (``container@account.dfs.core.windows.net``), not a user.
+_CONTAINER_SCHEMES = frozenset({"abfs", "abfss", "wasb", "wasbs"})
+_WILDCARDS = frozenset("*?[")  # pool patterns go through the same normal form
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +157,82 @@ def store_scheme(table_uri: str) -> str | None:
     return scheme if scheme in SCHEMES else None
 
 
+_LOCATION = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://([^/]*)(.*)", re.DOTALL)
+_IPV6 = re.compile(r"(\[[0-9A-Fa-f:.]+\])(?::(.*))?", re.DOTALL)
+_SPELLINGS: dict[str, str] = {scheme: CANONICAL_SCHEMES[kind] for scheme, kind in SCHEMES.items()}
+MAX_PORT = 65535
+
+
+def canonical_location(uri: str) -> str:
+    """The one spelling of a ``scheme://authority/path`` location: one physical table, one string.
+
+    Lease keys (``pools.config.normalize_table``), pool patterns and OpenLineage dataset names all come
+    from it, so no two spellings of one table are ever leased as two tables (which would grant two
+    UPDATEs of one partition at once):
+
+    * the scheme in lower case, one per store (``CANONICAL_SCHEMES``: ``s3a``/``s3n`` as ``s3``,
+      ``abfs`` as ``abfss``);
+    * the authority in lower case: host names, bucket names (S3 and GCS buckets are DNS names), Azure
+      account names and container names (Azure keeps both in lower case) ignore case;
+    * a scheme's default port (``DEFAULT_PORTS``) left off, except HDFS's, written out
+      (``hdfs://nn/x`` is ``hdfs://nn:8020/x``, the form lease keys and OpenLineage already use);
+    * doubled and trailing ``/`` removed; the path's case kept (object keys and HDFS paths are
+      case-sensitive).
+
+    Folding case can only make two different tables one (a legacy S3 bucket with capitals): they are
+    then serialized more than needed, never run together. Wildcards of pool patterns are kept; a host
+    pattern ending in ``*`` gets no default port (its ``*`` already matches any port).
+
+    Raises:
+        UnsupportedStorageError: no ``scheme://``, user info (credentials; Azure's ``container@`` is
+            not), a port that is not a number up to 65535, ``#`` or ``%``, or ``.``/``..`` segments.
+    """
+    match = _LOCATION.fullmatch(uri)
+    if match is None:
+        raise UnsupportedStorageError(f"{uri!r}: expected <scheme>://<authority>/<path>")
+    written, authority, path = match[1].lower(), match[2], match[3]
+    if "#" in uri or "%" in uri:
+        # The engine refuses these in table URIs (Hadoop and the engine would read different keys).
+        raise UnsupportedStorageError(f"{uri!r} holds '#' or '%', which a table URI cannot hold")
+    path = re.sub(r"/+", "/", path).strip("/")
+    if any(part in (".", "..") for part in path.split("/")):
+        raise UnsupportedStorageError(f"{uri!r} holds '.' or '..' segments; give the table's own path")
+    scheme = _SPELLINGS.get(written, written)
+    where = f"{scheme}://{_canonical_authority(written, authority, uri)}"
+    return f"{where}/{path}" if path else where
+
+
+def _canonical_authority(scheme: str, authority: str, uri: str) -> str:
+    """``[container@]host[:port]`` in lower case with the port as ``canonical_location`` writes it."""
+    user, at, hostport = authority.rpartition("@")
+    if at and (scheme not in _CONTAINER_SCHEMES or ":" in user):
+        raise UnsupportedStorageError(f"{uri!r} holds user info; credentials do not belong in a table URI")
+    host, port = _split_port(hostport, uri)
+    default = DEFAULT_PORTS.get(scheme)
+    if port == default:
+        port = None
+    if port is None and scheme in _EXPLICIT_PORT_SCHEMES and host and not host.endswith("*"):
+        port = default
+    container = f"{user.lower()}@" if at else ""
+    return f"{container}{host.lower()}" + ("" if port is None else f":{port}")
+
+
+def _split_port(hostport: str, uri: str) -> tuple[str, int | str | None]:
+    """The host and its port: a number, the text of a pool pattern's wildcard port, or None."""
+    ipv6 = _IPV6.fullmatch(hostport)
+    if ipv6 is not None:
+        host, text = ipv6[1], ipv6[2]
+    else:
+        host, _, text = hostport.rpartition(":") if ":" in hostport else (hostport, "", None)
+    if not text:
+        return host, None
+    if text.isascii() and text.isdigit() and int(text) <= MAX_PORT:
+        return host, int(text)
+    if _WILDCARDS.intersection(text):
+        return host, text
+    raise UnsupportedStorageError(f"{uri!r}: port {text!r} is not a port (a number from 0 to {MAX_PORT})")
+
+
 def parse_table_uri(table_uri: str) -> TableLocation:
     """Split an object-store URI into the parts pyarrow needs.
 
@@ -193,6 +279,7 @@ def parse_table_uri(table_uri: str) -> TableLocation:
         raise UnsupportedStorageError(f"cannot read {table_uri!r}: credentials do not belong in a table URI (they "
                                       "would be logged with it); give them in the storage connection")
     if kind is StoreKind.HDFS:
+        _split_port(parsed.netloc, table_uri)  # a port that is no number is refused here, not by pyarrow
         return TableLocation(table_uri, kind, scheme, parsed.netloc, "/" + path)
     if not parsed.netloc:
         raise UnsupportedStorageError(f"cannot read {table_uri!r}: the URI names no bucket")

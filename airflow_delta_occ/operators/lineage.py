@@ -23,9 +23,10 @@ if TYPE_CHECKING:
     from airflow_delta_occ.engine import Snapshot
     from airflow_delta_occ.jobs.spec import JobSpec, SourceRef
 
-# Object-store and distributed-file-system schemes whose namespace is ``scheme://authority``. ``s3a``/``s3n``
-# are Hadoop's names for S3 and are reported as ``s3`` (as the OpenLineage Spark integration does).
-_SCHEME_ALIASES: dict[str, str] = {"s3a": "s3", "s3n": "s3"}
+# Object-store and distributed-file-system schemes whose namespace is ``scheme://authority``, spelled as
+# ``engine.object_store.canonical_location`` spells them (the lease key's form): ``s3a``/``s3n`` are Hadoop's
+# names for S3 and are reported as ``s3`` (as the OpenLineage Spark integration does), ``abfs`` as ``abfss``,
+# hosts in lower case, HDFS with its port.
 _AUTHORITY_SCHEMES = frozenset({"s3", "s3a", "s3n", "gs", "abfss", "abfs", "wasbs", "wasb", "hdfs"})
 
 
@@ -51,11 +52,25 @@ def dataset_name_for_location(location: str) -> DatasetName:
         path = parts.path if scheme == "file" else location
         return DatasetName("file", os.path.abspath(path).rstrip("/") or "/")
     if scheme in _AUTHORITY_SCHEMES:
-        if not parts.netloc:
-            raise ProviderConfigError(f"table location {location!r} has no bucket/container/host")
-        name = parts.path.strip("/")
-        return DatasetName(f"{_SCHEME_ALIASES.get(scheme, scheme)}://{parts.netloc}", name or "/")
+        return _authority_dataset(location)
     raise ProviderConfigError(f"table location {location!r}: scheme {scheme!r} has no OpenLineage naming rule")
+
+
+def _authority_dataset(location: str) -> DatasetName:
+    """``scheme://authority`` and the key path of the location's one spelling, so every spelling of one
+    table (``hdfs://NameNode/t``, ``hdfs://namenode:8020/t/``) is one dataset, as it is one lease key."""
+    from airflow_delta_occ.engine.errors import UnsupportedStorageError
+    from airflow_delta_occ.engine.object_store import canonical_location
+
+    try:
+        canonical = canonical_location(location)
+    except UnsupportedStorageError as exc:
+        raise ProviderConfigError(f"table location cannot be named for OpenLineage: {exc}") from exc
+    scheme, _, rest = canonical.partition("://")
+    authority, _, name = rest.partition("/")
+    if not authority:
+        raise ProviderConfigError(f"table location {location!r} has no bucket/container/host")
+    return DatasetName(f"{scheme}://{authority}", name or "/")
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Literal
 
-from airflow_delta_occ.engine.object_store import CANONICAL_SCHEMES, SCHEMES, StoreKind
+from airflow_delta_occ.engine.errors import UnsupportedStorageError
+from airflow_delta_occ.engine.object_store import canonical_location
 from airflow_delta_occ.exceptions import PoolConfigError
 
 if TYPE_CHECKING:
@@ -51,8 +52,6 @@ _POOL_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smh])\s*", re.IGNORECASE)
 _UNIT_SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):(.*)", re.DOTALL)  # two letters at least: never a drive letter
-# Hadoop's connectors for one store name one table: s3a/s3n as s3, abfs as abfss (the engine's spelling).
-_SCHEME_ALIASES = {scheme: CANONICAL_SCHEMES[kind] for scheme, kind in SCHEMES.items()}
 _NOT_IN_NAME_PART = frozenset(".`/:")
 
 TableKind = Literal["location", "catalog"]
@@ -63,16 +62,21 @@ TableKind = Literal["location", "catalog"]
 def normalize_table(table: str) -> str:
     """The one spelling of a table location or catalog name that patterns are matched against.
 
-    Locations: the scheme lower-cased, ``s3a``/``s3n`` as ``s3``, ``abfs`` as ``abfss``, duplicate and trailing slashes
-    removed; a local path or ``file:`` URI becomes ``file:///abs/path`` with ``.`` and ``..``
-    resolved lexically (the filesystem is never read: the scheduler may not see the writer's disks).
-    Catalog names: backticks around parts removed, lower-cased (Spark catalogs ignore case).
-    Patterns go through the same function, so wildcards are kept as written.
+    This is the lease key: one physical table must have one, or two conflicting writers spelling it
+    differently would both be granted. Locations: ``engine.object_store.canonical_location`` (the
+    scheme lower-cased and one per store, ``s3a``/``s3n`` as ``s3`` and ``abfs`` as ``abfss``; the
+    host, bucket, account and container lower-cased; default ports left off, HDFS's written out;
+    duplicate and trailing slashes removed; the path's case kept); a local path or ``file:`` URI
+    becomes ``file:///abs/path`` with ``.`` and ``..`` resolved lexically (the filesystem is never
+    read: the scheduler may not see the writer's disks). Catalog names: backticks around parts
+    removed, lower-cased (Spark catalogs ignore case). Patterns go through the same function, so
+    wildcards are kept as written.
 
     Raises:
         ValueError: empty, a relative path (whose meaning depends on the writer's working directory),
-            a ``file:`` URI on another host, or a name part that is empty or holds ``.``, a backtick,
-            ``/``, ``:`` or whitespace.
+            a ``file:`` URI on another host, a URI ``canonical_location`` refuses (user info, a bad
+            port, ``#``, ``%``, ``.`` segments), or a name part that is empty or holds ``.``, a
+            backtick, ``/``, ``:`` or whitespace.
     """
     if not isinstance(table, str):
         raise ValueError(f"expected a table path, URI or catalog name, got {table!r}")
@@ -97,29 +101,20 @@ def table_kind(normalized: str) -> TableKind:
 
 
 def _normalize_uri(scheme: str, rest: str, text: str) -> str:
-    scheme = _SCHEME_ALIASES.get(scheme, scheme)
-    if scheme == "file":
-        path = rest
-        if rest.startswith("//"):
-            host, _, local = rest[2:].partition("/")
-            if host not in ("", "localhost"):
-                raise ValueError(f"{text!r} is a file: URI on host {host!r}; only local file: URIs are tables")
-            path = "/" + local
-        if not path.startswith("/"):
-            raise ValueError(f"{text!r} is a relative path; give an absolute path or a URI")
-        return _file_uri(path)
-    if not rest.startswith("//"):
-        raise ValueError(f"{text!r}: expected {scheme}://<authority>/<path>")
-    authority, _, path = rest[2:].partition("/")
-    if "#" in rest or "%" in rest:
-        # The engine refuses these in table URIs (Hadoop and the engine would read different keys).
-        raise ValueError(f"{text!r} holds '#' or '%', which a table URI cannot hold")
-    if "@" in authority and SCHEMES.get(scheme) is not StoreKind.AZURE:
-        raise ValueError(f"{text!r} holds user info; credentials do not belong in a table URI")
-    path = re.sub(r"/+", "/", path).strip("/")
-    if any(part in (".", "..") for part in path.split("/")):
-        raise ValueError(f"{text!r} holds '.' or '..' segments; give the table's own path")
-    return f"{scheme}://{authority}/{path}" if path else f"{scheme}://{authority}"
+    if scheme != "file":
+        try:
+            return canonical_location(text)
+        except UnsupportedStorageError as exc:
+            raise ValueError(str(exc)) from exc
+    path = rest
+    if rest.startswith("//"):
+        host, _, local = rest[2:].partition("/")
+        if host.lower() not in ("", "localhost"):
+            raise ValueError(f"{text!r} is a file: URI on host {host!r}; only local file: URIs are tables")
+        path = "/" + local
+    if not path.startswith("/"):
+        raise ValueError(f"{text!r} is a relative path; give an absolute path or a URI")
+    return _file_uri(path)
 
 
 def _file_uri(path: str) -> str:

@@ -15,7 +15,7 @@ from airflow_delta_occ.engine import (
     parse_table_uri,
     store_scheme,
 )
-from airflow_delta_occ.engine.object_store import open_filesystem
+from airflow_delta_occ.engine.object_store import canonical_location, open_filesystem
 from airflow_delta_occ.engine.storage import LocalStorage, PyArrowStorage, resolve_table
 
 
@@ -142,3 +142,45 @@ def test_azure_and_gcs_filesystems_are_built() -> None:
 def test_local_paths_keep_the_fast_local_storage(tmp_path: object) -> None:
     storage, root = resolve_table(f"file://{tmp_path}")
     assert isinstance(storage, LocalStorage) and root == str(tmp_path)
+
+
+# --- one spelling per table ------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("uri", "canonical"), [
+    ("s3a://Lake/db//Sales/", "s3://lake/db/Sales"),
+    ("S3N://lake/t", "s3://lake/t"),
+    ("abfs://Data@ACCT.dfs.core.windows.net:80/t", "abfss://data@acct.dfs.core.windows.net/t"),
+    ("abfss://data@acct.dfs.core.windows.net:443/t", "abfss://data@acct.dfs.core.windows.net/t"),
+    ("abfss://data@acct.dfs.core.windows.net:10000/t", "abfss://data@acct.dfs.core.windows.net:10000/t"),
+    ("gs://Bucket/T/", "gs://bucket/T"),
+    ("hdfs://NameNode/warehouse/T", "hdfs://namenode:8020/warehouse/T"),
+    ("hdfs://nn:9000/x", "hdfs://nn:9000/x"),
+    ("hdfs://[::1]/x", "hdfs://[::1]:8020/x"),
+    ("hdfs:///x", "hdfs:///x"),
+    ("HTTPS://Host:443/x", "https://host/x"),
+    ("https://host:8443/x", "https://host:8443/x"),
+    ("s3://lake", "s3://lake"),
+])
+def test_canonical_location(uri: str, canonical: str) -> None:
+    assert canonical_location(uri) == canonical
+    assert canonical_location(canonical) == canonical
+
+
+@pytest.mark.parametrize(("uri", "message"), [
+    ("s3a://AKIA:SECRET@lake/t", "user info"),
+    ("hdfs://user@nn/x", "user info"),
+    ("abfss://c:key@acct.dfs.core.windows.net/t", "user info"),
+    ("hdfs://nn:xx/x", "port 'xx'"),
+    ("hdfs://nn:65536/x", "port '65536'"),
+    ("s3://lake/a%20b", "'%'"),
+    ("s3://lake/../b", "'\\.\\.'"),
+    ("/local/path", "expected <scheme>://"),
+])
+def test_canonical_location_refuses(uri: str, message: str) -> None:
+    with pytest.raises(UnsupportedStorageError, match=message):
+        canonical_location(uri)
+
+
+def test_an_hdfs_port_that_is_not_a_number_is_refused_before_anything_is_opened() -> None:
+    with pytest.raises(UnsupportedStorageError, match="port 'xx'"):
+        parse_table_uri("hdfs://namenode:xx/warehouse/t")

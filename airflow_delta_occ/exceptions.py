@@ -44,6 +44,25 @@ class UnsafeExpressionError(JobSpecError):
     """A condition or expression from the DAG is not accepted as SQL (comments, ``;``, bad syntax)."""
 
 
+class StatementTextError(UnsafeExpressionError):
+    """A value that becomes statement text holds ``${``, which Spark would rewrite before parsing.
+
+    Spark's variable substitution (``spark.sql.variable.substitute``) replaces ``${conf}``,
+    ``${env:NAME}`` and ``${system:NAME}`` anywhere in a statement, inside quoted literals and
+    identifiers too. The runner turns it off for the provider's statements; refusing the marker as
+    well keeps the text Spark parses the text the provider checked, whatever the session's settings.
+    """
+
+
+class SessionSettingError(JobSpecError):
+    """The Spark session keeps a setting that changes what the provider's SQL text means, and the
+    provider cannot set it for its statements (a Spark Connect server that fixes it, say).
+
+    Raised before anything is written, naming the setting, the value the session keeps and the one
+    the statements were rendered for.
+    """
+
+
 class StatementRefusedError(JobSpecError):
     """Spark refused the job's statement when it analysed it (an unknown column, a type mismatch).
 
@@ -94,6 +113,27 @@ class UnsafeLogStoreError(DeltaJobError):
 
 class CommitNotConfirmedError(DeltaJobError):
     """Spark reported success but the Delta log shows no commit tagged with this run."""
+
+
+class CommitOutsidePartitionsError(DeltaJobError):
+    """The job's commit removed or added files outside the partitions it was planned for.
+
+    Found by reading the commit's own actions in the Delta log after Spark reported success, so an
+    escape from any cause (a statement Spark rewrote, a bug, a changed table) fails the task loudly
+    instead of being reported as confirmed. ``partitions`` are the partition values touched outside
+    the plan, ``version`` the commit, ``restore`` the statement that undoes it. Never retried.
+    """
+
+    def __init__(self, message: str, *, version: int | None = None,
+                 partitions: tuple[dict[str, str | None], ...] = (), restore: str | None = None) -> None:
+        super().__init__(message)
+        self.version = version
+        self.partitions = partitions
+        self.restore = restore
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), str(self), {"version": self.version, "partitions": self.partitions,
+                                                    "restore": self.restore}))
 
 
 class JobKilledError(DeltaJobError):

@@ -112,12 +112,20 @@ class Token:
         return self.kind == "op" and self.text in ops
 
 
+SUBSTITUTION_MARKER = "${"
+"""What Spark's variable substitution (``spark.sql.variable.substitute``) rewrites in a statement's text
+before parsing it, inside quoted literals and identifiers too: never part of the provider's SQL."""
+SUBSTITUTION_ADVICE = ("Spark's variable substitution (spark.sql.variable.substitute) would replace it before "
+                       "parsing, so Spark would run another statement than the one checked")
 _DIGITS = frozenset("0123456789")  # Spark's lexer knows only ASCII digits; Python's isdigit() knows more
 _PUNCTUATION = {"(": "lparen", ")": "rparen", "[": "lbracket", "]": "rbracket", ",": "comma"}
 
 
 def tokenize(text: str) -> list[Token]:
     """Spark's lexical rules for the accepted subset; comments and ``;`` are refused outright."""
+    marker = text.find(SUBSTITUTION_MARKER)
+    if marker >= 0:
+        raise PredicateSyntaxError(f"'${{' is not accepted: {SUBSTITUTION_ADVICE}", text=text, position=marker)
     tokens: list[Token] = []
     i, n = 0, len(text)
     while i < n:
@@ -719,6 +727,9 @@ class _Parser:
                 rendered = names[0]
             else:
                 rendered = ".".join(render_identifier(n) for n in names)
+            if len(parts) == 1 and not parts[0][1] and names[0].lower() == "identifier":
+                raise self.error("IDENTIFIER() makes a string name a column, table or function when Spark runs the "
+                                 "statement; write the name itself", first)
             if names[-1].lower() in REFLECTION_FUNCTIONS:
                 raise self.error(f"{names[-1]}() calls Java methods on the cluster; it is not accepted in a "
                                  "condition", first)

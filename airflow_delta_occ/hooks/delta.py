@@ -306,17 +306,21 @@ class DeltaSparkHook(BaseHook):
     def table_location(self, name: str) -> str:
         """The storage location of a catalog table (so the engine can read its log)."""
         from airflow_delta_occ.engine.errors import TableNotFoundError
-        from airflow_delta_occ.engine.sql_parser import render_identifier
+        from airflow_delta_occ.jobs.text import refuse_substitution
 
+        refuse_substitution(name, "table_name")
         if self.mode == "spark-submit":  # the cluster's catalog, through the runner on the cluster
             row = self._describe_on_cluster(name)
             if "error" in row:
                 raise TableNotFoundError(name, row["error"])
         else:
-            quoted = ".".join(render_identifier(part) for part in name.split("."))
+            from airflow_delta_occ.spark.runner import describe_table
+
             with self.job_session() as spark:
                 try:
-                    row = spark.sql(f"DESCRIBE DETAIL {quoted}").collect()[0]
+                    row = describe_table(spark, name)
+                except DeltaJobError:  # the name or the session refused: not a missing table
+                    raise
                 except Exception as exc:  # AnalysisException (classic or Connect): no such table
                     raise TableNotFoundError(name, str(exc).strip().splitlines()[0]) from exc
         if str(row["format"]).lower() != "delta":

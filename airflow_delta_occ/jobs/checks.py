@@ -17,6 +17,7 @@ from airflow_delta_occ.exceptions import JobSpecError
 
 from .partitions import PartitionFilter, parse_expression
 from .queries import check_source_query
+from .text import refuse_substitution
 
 if TYPE_CHECKING:  # reading a table loads pyarrow; the checks themselves do not need it
     from airflow_delta_occ.engine.snapshot import Snapshot
@@ -51,6 +52,8 @@ def check_one_source(owner: str, source: Any, source_table: Any, source_query: A
     for name, value in (("source", source), ("source_table", source_table), ("source_query", source_query)):
         if value is not None and (not isinstance(value, str) or not value.strip()):
             raise JobSpecError(f"{name} must be a non-empty string, got {value!r}")
+        if name != "source_query":  # a query is tokenized, which refuses the marker with its position
+            refuse_substitution(value, name, rendered=False)
     if source_query is not None and not templated(source_query) and not sql_file(source_query):
         check_source_query(source_query)
 
@@ -89,6 +92,7 @@ def check_clauses(clauses: Any) -> list[dict[str, Any]]:
         if condition is not None:
             check_sql_text(condition, f"clauses[{i}].condition")
         for key, value in (values or {}).items():
+            refuse_substitution(key, f"clauses[{i}].set key", rendered=False)
             check_sql_text(value, f"clauses[{i}].set[{key}]")
         out.append(dict(clause))
     return out

@@ -26,6 +26,8 @@ from airflow_delta_occ.engine.sql_parser import parse_predicate, render_identifi
 from airflow_delta_occ.engine.values import coerce_literal, format_partition_value
 from airflow_delta_occ.exceptions import PartitionSpecError, UnsafeExpressionError
 
+from .text import refuse_substitution
+
 
 class _NullPartition:
     """The explicit request for the NULL partition of a column (see ``NULL_PARTITION``)."""
@@ -143,6 +145,7 @@ def partitions_mapping(partitions: Any, *, rendered: bool = True) -> Mapping[str
     for key, raw in partitions.items():
         if not isinstance(key, str) or not key.strip():
             raise PartitionSpecError(f"partitions keys must be column names, got {key!r}")
+        refuse_substitution(key, "a partitions key", rendered=rendered)
         options = list(raw) if isinstance(raw, list | tuple | set | frozenset) else [raw]
         if not options:
             raise PartitionSpecError(f"partitions[{key!r}] is an empty list: the job would touch nothing")
@@ -167,6 +170,7 @@ def _check_value(key: str, value: Any, rendered: bool) -> None:
         raise PartitionSpecError(f"partitions[{key!r}] is empty bytes, which Delta stores as NULL; pass NULL_PARTITION "
                                  "to mean the NULL partition")
     if isinstance(value, str):
+        refuse_substitution(value, f"partitions[{key!r}]", rendered=rendered)
         if not rendered and "{{" in value:
             return
         if value.strip().lower() in _EMPTY_RENDERINGS:

@@ -24,9 +24,11 @@ from airflow_delta_occ.exceptions import (
     JobSpecError,
     MissingPartitionConstraintError,
     PartitionSpecError,
+    SessionSettingError,
     SourceNotFoundError,
     SourceOutsidePartitionsError,
     StatementRefusedError,
+    StatementTextError,
     UnsafeExpressionError,
 )
 from airflow_delta_occ.retry.policy import ConflictRecord
@@ -193,7 +195,7 @@ def _source_outside(message: str, result: JobResult) -> Exception:
 REFUSALS: Mapping[str, Callable[[str, JobResult], Exception]] = {
     **{cls.__name__: _by_message(cls) for cls in (
         JobSpecError, PartitionSpecError, MissingPartitionConstraintError, UnsafeExpressionError,
-        SourceNotFoundError, StatementRefusedError)},
+        SourceNotFoundError, StatementRefusedError, StatementTextError, SessionSettingError)},
     SourceOutsidePartitionsError.__name__: _source_outside,
     TableNotFoundError.__name__: _table_not_found,
 }

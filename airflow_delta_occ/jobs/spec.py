@@ -12,7 +12,7 @@ lease or a trigger can carry the spec as JSON. The same runner serves an embedde
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -21,6 +21,8 @@ from airflow_delta_occ.engine.expr_json import expr_from_json, expr_to_json
 from airflow_delta_occ.engine.expressions import Expr, references, split_conjuncts
 from airflow_delta_occ.engine.sql_parser import parse_predicate, to_sql
 from airflow_delta_occ.exceptions import JobSpecError
+
+from .text import refuse_substitution
 
 OPERATIONS = ("merge", "update", "delete", "optimize", "append", "overwrite_partitions")
 
@@ -168,6 +170,8 @@ class JobSpec:
             raise JobSpecError("source_check needs a source")
         if bool(self.partitions) != (self.partition_filter is not None):
             raise JobSpecError("partitions and partition_filter go together")
+        for what, text in self._statement_texts():  # first: the checks below re-parse the rendered text
+            refuse_substitution(text, what)
         for what in ("condition", "partition_filter"):
             tree = getattr(self, what)
             if tree is not None:  # the tree of exactly the text the runner will execute
@@ -180,6 +184,22 @@ class JobSpec:
                 _check_canonical_text(value, f"clauses[{i}].set[{key}]")
         for key, value in self.set.items():
             _check_canonical_text(value, f"set[{key}]")
+
+    def _statement_texts(self) -> Iterator[tuple[str, object]]:
+        """Every value of the spec that the runner puts into statement text, by what it is."""
+        yield "table", self.target.label
+        if self.source is not None:
+            yield "source", [v for v in (self.source.path, self.source.table, self.source.query) if v is not None]
+        yield "condition", self.condition_sql or ""
+        yield "partitions", self.partition_filter_sql or ""
+        yield "set", dict(self.set)
+        for i, clause in enumerate(self.clauses):
+            yield f"clauses[{i}]", [clause.condition or "", dict(clause.set)]
+        yield "zorder_by", list(self.zorder_by)
+        yield "target_alias", self.target_alias
+        yield "source_alias", self.source_alias
+        yield "source_check", self.source_check or ""
+        yield "source_values", dict(self.source_values)
 
     def _check_confined(self) -> None:
         """The partition predicate is what ``partitions`` says, and it confines the job as a whole.

@@ -56,6 +56,7 @@ from airflow_delta_occ.jobs.partitions import (
 )
 from airflow_delta_occ.jobs.result import JobResult
 from airflow_delta_occ.jobs.spec import JobSpec, MergeClause, RunIdentity, SourceRef, TableRef
+from airflow_delta_occ.jobs.text import refuse_substitution
 from airflow_delta_occ.operators.lineage import DeltaJobLineage, lineage_of, operator_lineage, schema_columns
 from airflow_delta_occ.operators.links import SparkUILink
 from airflow_delta_occ.retry.airflow import DeltaConflictRetryPolicy
@@ -152,6 +153,7 @@ class DeltaBaseOperator(BaseOperator):
         for label, value in (("table", table), ("table_name", table_name)):
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise JobSpecError(f"{label} must be a non-empty string, got {value!r}")
+            refuse_substitution(value, label, rendered=False)
         partitions_mapping(partitions, rendered=False)
         if source_outside_partitions not in SOURCE_OUTSIDE_ACTIONS:
             raise JobSpecError(f"source_outside_partitions must be one of {', '.join(SOURCE_OUTSIDE_ACTIONS)}, "
@@ -232,7 +234,10 @@ class DeltaBaseOperator(BaseOperator):
                               storage_conn_id=self.storage_conn_id)
 
     def _location(self) -> str:
-        return self.table if self.table is not None else self.hook.table_location(str(self.table_name))
+        if self.table is not None:
+            refuse_substitution(self.table, "table")  # as rendered; the name is checked by the hook
+            return self.table
+        return self.hook.table_location(str(self.table_name))
 
     def _partition_filter(self, snapshot: Snapshot) -> PartitionFilter:
         return build_partition_filter(snapshot.schema, snapshot.partition_columns, self.partitions)
@@ -610,6 +615,7 @@ class DeltaMergeOperator(DeltaBaseOperator):
         for name, alias in (("target_alias", target_alias), ("source_alias", source_alias)):
             if not isinstance(alias, str) or not alias.strip():
                 raise JobSpecError(f"{name} must be a non-empty name, got {alias!r}")
+            refuse_substitution(alias, name)
         if target_alias.lower() == source_alias.lower():
             raise JobSpecError(f"target_alias and source_alias are both {target_alias!r}")
         self.merge_condition = merge_condition
@@ -684,6 +690,7 @@ class DeltaUpdateOperator(DeltaBaseOperator):
         if not isinstance(set, Mapping) or not set:
             raise JobSpecError(f"set must be a non-empty mapping of column to SQL expression, got {set!r}")
         for key, value in set.items():
+            refuse_substitution(key, "a set key", rendered=False)
             check_sql_text(value, f"set[{key}]")
         if where is not None and not templated(where) and not sql_file(where):
             parse_expression(where, "where")
@@ -741,6 +748,7 @@ class DeltaOptimizeOperator(DeltaBaseOperator):
             raise JobSpecError(f"zorder_by must be a list of column names, got {zorder_by!r}")
         if not all(isinstance(c, str) and c.strip() for c in zorder_by):
             raise JobSpecError(f"zorder_by must hold column names, got {list(zorder_by)!r}")
+        refuse_substitution(list(zorder_by), "zorder_by", rendered=False)
         self.zorder_by = list(zorder_by)
 
     def build_spec(self, snapshot: Snapshot, run: RunIdentity) -> JobSpec:

@@ -43,6 +43,7 @@ from airflow_delta_occ.retry.classify import classify_conflict
 from airflow_delta_occ.retry.policy import RetryOutcome, policies_for, run_with_policies
 from airflow_delta_occ.spark import errors as spark_errors
 from airflow_delta_occ.spark.session import INHERITED_CONNECT_ENV
+from airflow_delta_occ.spark.statements import pinned_settings, run_sql
 from airflow_delta_occ.spark.storage import SECRET_CONF_ENV
 
 RESULT_PREFIX = "DELTA_OCC_RESULT "
@@ -52,7 +53,6 @@ EXIT_CODES = {JobStatus.SUCCESS: 0, JobStatus.ERROR: 1, JobStatus.CONFLICT: 75, 
               JobStatus.REJECTED: 65}
 BAD_SPEC_EXIT_CODE = 64
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
-SESSION_TIME_ZONE_CONF = "spark.sql.session.timeZone"
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 # Each task run writes at most once per app id; version 0 is enough because the id is per run.
@@ -62,7 +62,7 @@ TXN_VERSION = 0
 def _check_target(session: Any, spec: JobSpec) -> int:
     """The target's current version; a typed error when it is not a Delta table."""
     try:
-        return int(session.sql(f"DESCRIBE HISTORY {target_sql(spec)} LIMIT 1").collect()[0]["version"])
+        return int(run_sql(session, f"DESCRIBE HISTORY {target_sql(spec)} LIMIT 1").collect()[0]["version"])
     except Exception as exc:
         if not spark_errors.is_analysis_error(exc):  # an outage, not a missing table: left to retries
             raise
@@ -82,7 +82,7 @@ def read_source(session: Any, spec: JobSpec) -> Any:
         elif src.table is not None:
             df = session.table(src.table)
         else:  # Spark's parser accepts only a query inside FROM ( ... ), whatever the text says
-            df = session.sql(f"SELECT * FROM ({src.query}) AS {render_identifier('delta_occ_query')}")
+            df = run_sql(session, f"SELECT * FROM ({src.query}) AS {render_identifier('delta_occ_query')}")
         with _active(session):
             return df.localCheckpoint(eager=True)
     except Exception as exc:
@@ -116,17 +116,17 @@ def confine_source(session: Any, spec: JobSpec, source: Any, source_view: str) -
                 f"the source has no column {name!r}, so its rows cannot be checked against the partitions "
                 f"{spec.partition_filter_sql}; nothing was written")
     inside = f"coalesce(({spec.source_check}), false)"
-    outside = session.sql(f"SELECT count(*) AS n FROM {render_identifier(source_view)} AS {alias} "
+    outside = run_sql(session, f"SELECT count(*) AS n FROM {render_identifier(source_view)} AS {alias} "
                           f"WHERE NOT {inside}").collect()[0]["n"]
     if not outside:
         return source, 0
     if spec.source_outside == "drop":
-        kept = session.sql(f"SELECT {alias}.* FROM {render_identifier(source_view)} AS {alias} WHERE {inside}")
+        kept = run_sql(session, f"SELECT {alias}.* FROM {render_identifier(source_view)} AS {alias} WHERE {inside}")
         kept.createOrReplaceTempView(source_view)
         return kept, int(outside)
     shown = ", ".join(f"{expr} AS {render_identifier(name)}" for name, expr in spec.source_values.items())
-    samples = tuple(row.asDict() for row in session.sql(
-        f"SELECT DISTINCT {shown} FROM {render_identifier(source_view)} AS {alias} WHERE NOT {inside} "
+    samples = tuple(row.asDict() for row in run_sql(
+        session, f"SELECT DISTINCT {shown} FROM {render_identifier(source_view)} AS {alias} WHERE NOT {inside} "
         f"LIMIT {SAMPLE_ROWS}").collect()) if shown else ()
     raise SourceOutsidePartitionsError(
         f"{outside} source row(s) would be written outside the partitions {spec.partition_filter_sql} of "
@@ -152,7 +152,7 @@ def _execute_once(session: Any, spec: JobSpec, source: Any, source_view: str | N
 def _write(session: Any, spec: JobSpec, source: Any, source_view: str | None) -> None:
     sql = statement_sql(spec, source_view)
     if sql is not None:
-        session.sql(sql).collect()
+        run_sql(session, sql).collect()
         return
     writer = source.write.format("delta").option("userMetadata", spec.run.user_metadata())
     if spec.idempotent:
@@ -169,7 +169,7 @@ def _write(session: Any, spec: JobSpec, source: Any, source_view: str | None) ->
 
 def find_commit(session: Any, spec: JobSpec, after_version: int) -> dict[str, Any] | None:
     """The newest commit of this task run (any try) in the table's history, if there is one."""
-    for row in session.sql(f"DESCRIBE HISTORY {target_sql(spec)} LIMIT 100").collect():
+    for row in run_sql(session, f"DESCRIBE HISTORY {target_sql(spec)} LIMIT 100").collect():
         if spec.run.tagged(row["userMetadata"]):
             return {"version": int(row["version"]), "operation": row["operation"],
                     "metrics": dict(row["operationMetrics"] or {}),
@@ -243,9 +243,12 @@ def _run(spark: Any, spec: JobSpec, outcome: RetryOutcome, progress: dict[str, A
          ) -> dict[str, Any] | None:
     session = _private_session(spark)
     progress["openlineage_parent"] = openlineage_parent_seen(session)
-    # The operator rendered timestamp literals and typed partition values in UTC: the job reads them
-    # in UTC in every mode (a Connect server or a cluster may default to another zone).
-    session.conf.set(SESSION_TIME_ZONE_CONF, "UTC")
+    with pinned_settings(session):  # every statement below means what the provider rendered
+        return _run_pinned(session, spec, outcome, progress, sleep)
+
+
+def _run_pinned(session: Any, spec: JobSpec, outcome: RetryOutcome, progress: dict[str, Any], sleep: Any,
+                ) -> dict[str, Any] | None:
     session.conf.set(USER_METADATA_CONF, spec.run.user_metadata())
     if spec.idempotent and spec.operation in ("merge", "update", "delete"):
         session.conf.set(TXN_APP_ID_CONF, spec.run.app_id)
@@ -419,17 +422,25 @@ def _describe_table(name: str) -> int:
     """
     import json
 
-    from airflow_delta_occ.engine.sql_parser import render_identifier
-
-    spark = _driver_session()
-    quoted = ".".join(render_identifier(part) for part in name.split("."))
     try:
-        row = spark.sql(f"DESCRIBE DETAIL {quoted}").collect()[0]
-        line = {"location": str(row["location"]), "format": str(row["format"])}
-    except Exception as exc:  # AnalysisException: no such table
+        line = describe_table(_driver_session(), name)
+    except Exception as exc:  # AnalysisException (no such table), or a setting the session refused
         line = {"error": (str(exc).strip().splitlines() or [type(exc).__name__])[0]}
     print(TABLE_PREFIX + json.dumps(line), flush=True)
     return 0
+
+
+def describe_table(session: Any, name: str) -> dict[str, str]:
+    """``{"location", "format"}`` of catalog table ``name`` (``DESCRIBE DETAIL``), in every mode.
+
+    Raises:
+        StatementTextError: the name holds ``${``; SessionSettingError: see ``pinned_settings``;
+        and Spark's own error for a table that does not exist.
+    """
+    quoted = ".".join(render_identifier(part) for part in name.split("."))
+    with pinned_settings(session):
+        row = run_sql(session, f"DESCRIBE DETAIL {quoted}").collect()[0]
+    return {"location": str(row["location"]), "format": str(row["format"])}
 
 
 if __name__ == "__main__":

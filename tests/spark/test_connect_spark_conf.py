@@ -28,25 +28,27 @@ def connect_conn(connect_server: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 
 
 def test_a_connect_job_runs_with_its_spark_conf(connect_conn: str, tmp_path: Path) -> None:
-    """The MERGE's source query reads the session's ``spark.sql.shuffle.partitions`` (Spark substitutes
-    ``${key}`` with the session's value), so the row it writes shows the setting the job ran with.
-    A server-wide key (``spark.executor.memory``) cannot change per session: it is skipped, named in a
-    warning, and the job still runs."""
+    """``spark.sql.files.maxRecordsPerFile=1`` in the job's ``spark_conf`` makes its MERGE write each of
+    the three rows it inserts to a file of its own, so the commit's file count shows the setting the
+    job ran with (the server's default writes them together). A server-wide key
+    (``spark.executor.memory``) cannot change per session: it is skipped, named in a warning, and the
+    job still runs."""
     table = str(tmp_path / "sales")
     with DeltaSparkHook(connect_conn).job_session() as spark:
         create_sales(spark, table)
-        assert spark.conf.get("spark.sql.shuffle.partitions") != "3"  # the server's own value
+        assert spark.conf.get("spark.sql.files.maxRecordsPerFile") != "1"  # the server's own value
     with structlog.testing.capture_logs() as logs:  # the hook logs through Airflow's structlog
         result = DeltaMergeOperator(
             task_id="m_conf", table=table, delta_conn_id=connect_conn,
-            spark_conf={"spark.sql.shuffle.partitions": "3", "spark.executor.memory": "1g"},
-            source_query="SELECT 2 AS id, CAST('${spark.sql.shuffle.partitions}' AS INT) AS v, "
-                         "DATE'2024-01-01' AS date, 'DE' AS country",
-            merge_condition="t.id = s.id", clauses=[{"kind": "matched_update", "set": {"v": "s.v"}}],
+            spark_conf={"spark.sql.files.maxRecordsPerFile": "1", "spark.executor.memory": "1g"},
+            source_query="SELECT id, 7 AS v, DATE'2024-01-01' AS date, 'DE' AS country FROM VALUES (5), (6), (7) "
+                         "AS src(id)",
+            merge_condition="t.id = s.id", clauses=[{"kind": "not_matched_insert_all"}],
             partitions={"date": "2024-01-01", "country": "DE"}).execute(context("m_conf"))
-    assert result["confirmed"]
+    assert result["confirmed"] and int(result["metrics"]["numTargetFilesAdded"]) == 3, result["metrics"]
     with DeltaSparkHook(connect_conn).job_session() as spark:
-        assert rows(spark, table) == [(1, 0, "DE"), (2, 3, "DE"), (3, 0, "FR"), (4, 0, "FR")]
+        assert rows(spark, table) == [(1, 0, "DE"), (2, 0, "DE"), (3, 0, "FR"), (4, 0, "FR"), (5, 7, "DE"),
+                                      (6, 7, "DE"), (7, 7, "DE")]
     warnings = [str(e["event"]) % tuple(e.get("positional_args", ())) for e in logs if e["log_level"] == "warning"]
     skipped = [line for line in warnings if "spark.executor.memory" in line]
     assert skipped and "spark.sql.shuffle.partitions" not in skipped[0], warnings

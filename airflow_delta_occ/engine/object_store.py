@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC
 from enum import StrEnum
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 from .errors import StorageError, UnsupportedStorageError
 
@@ -77,10 +77,13 @@ class S3Credentials:
         if self.session_token is not None and self.access_key is None:
             raise UnsupportedStorageError("an S3 session token needs the access key and secret key it belongs to")
         if self.endpoint is not None:
-            parsed = urlparse(self.endpoint)
+            try:
+                parsed = urlparse(self.endpoint)
+            except ValueError:  # an unclosed IPv6 bracket
+                parsed = urlparse("")
             if parsed.scheme not in ("http", "https") or not parsed.netloc:
-                raise UnsupportedStorageError(
-                    f"the S3 endpoint must be an http(s) URL such as http://127.0.0.1:9000, got {self.endpoint!r}")
+                raise UnsupportedStorageError("the S3 endpoint must be an http(s) URL such as http://127.0.0.1:9000, "
+                                              f"got {redact_uri(self.endpoint)!r}")
 
     @property
     def kind(self) -> StoreKind:
@@ -157,6 +160,67 @@ def store_scheme(table_uri: str) -> str | None:
     return scheme if scheme in SCHEMES else None
 
 
+_USER_INFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):(//)([^/?#]*@)", re.DOTALL)
+_QUERY = re.compile(r"\?([A-Za-z0-9_.~-]+)=")  # ``?name=``: a query (a SAS token), never a pool wildcard
+# Query parameters that carry credentials: an Azure SAS ``sig``, S3 presigned ``X-Amz-Signature`` /
+# ``X-Amz-Security-Token``, tokens, keys, passwords.
+_SECRET_PARAM = re.compile(r"sig|token|key|secret|pass|pwd|credential|auth", re.IGNORECASE)
+# Stores without users: user info in their URIs is always a key (``s3a://KEYID:SECRET@bucket``).
+_KEY_USER_SCHEMES = frozenset(s for s, kind in SCHEMES.items() if kind in (StoreKind.S3, StoreKind.GCS))
+# Schemes whose user info names someone (an HDFS user) or something (an Azure container) without a password.
+_NAMED_USER_SCHEMES = _CONTAINER_SCHEMES | {"hdfs", "file"}
+REDACTED = "***"
+
+
+def _split_secrets(uri: str) -> tuple[str, str, str, str, str]:
+    """``uri`` as (text before the user info, the user info, text up to the query, the query, the rest):
+    never raises, whatever the text (messages about malformed URIs need it most)."""
+    match = _USER_INFO.match(uri)
+    head, user, body = (f"{match[1]}:{match[2]}", match[3][:-1], uri[match.end():]) if match else ("", "", uri)
+    start = body.find("?")
+    if start < 0:
+        return head, user, body, "", ""
+    end = body.find("#", start)
+    end = len(body) if end < 0 else end
+    return head, user, body[:start + 1], body[start + 1:end], body[end:]
+
+
+def uri_secrets(uri: str) -> tuple[str, ...]:
+    """The parts of a location that are credentials, for a log masker: the password of its user info (and
+    the user too on S3 and GCS, where it is a key id), and the values of its secret query parameters (a
+    SAS token's ``sig``, with the whole query). Azure's ``container@`` is not one. Pure: the engine never
+    imports Airflow, so the Airflow side registers these (``hooks.storage.mask_uri_secrets``)."""
+    head, user, _, query, _ = _split_secrets(uri)
+    scheme = head.partition(":")[0].lower()
+    found: list[str] = []
+    if user:
+        name, colon, password = user.partition(":")
+        found += [user, password] if colon else []
+        if scheme in _KEY_USER_SCHEMES or (not colon and scheme not in _NAMED_USER_SCHEMES):
+            found.append(name)  # a key id, or a lone token (``https://TOKEN@host``)
+    values = [value for name, _, value in (p.partition("=") for p in query.split("&"))
+              if value and _SECRET_PARAM.search(name)]
+    if values:
+        found += [query, *values, *(unquote(v) for v in values)]
+    return tuple(dict.fromkeys(s for s in found if s))
+
+
+def redact_uri(uri: str) -> str:
+    """``uri`` for a message: its user info (but an Azure container's name) and its query values as ``***``.
+
+    A URI that is refused for holding credentials must not carry them into the error, the task log
+    and the UI; the rest of it (store, bucket, path) is what the reader needs to find the task."""
+    head, user, body, query, tail = _split_secrets(uri)
+    if user:
+        container, colon, _ = user.partition(":")
+        azure = head.partition(":")[0].lower() in _CONTAINER_SCHEMES
+        user = (f"{container}:{REDACTED}" if colon else container) if azure else REDACTED
+    if query:
+        query = "&".join(f"{name}={REDACTED}" if eq else name
+                         for name, eq, _ in (p.partition("=") for p in query.split("&")))
+    return f"{head}{user}{'@' if user else ''}{body}{query}{tail}"
+
+
 _LOCATION = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://([^/]*)(.*)", re.DOTALL)
 _IPV6 = re.compile(r"(\[[0-9A-Fa-f:.]+\])(?::(.*))?", re.DOTALL)
 _SPELLINGS: dict[str, str] = {scheme: CANONICAL_SCHEMES[kind] for scheme, kind in SCHEMES.items()}
@@ -187,27 +251,32 @@ def canonical_location(uri: str) -> str:
         UnsupportedStorageError: no ``scheme://``, user info (credentials; Azure's ``container@`` is
             not), a port that is not a number up to 65535, ``#`` or ``%``, or ``.``/``..`` segments.
     """
+    shown = redact_uri(uri)
     match = _LOCATION.fullmatch(uri)
     if match is None:
-        raise UnsupportedStorageError(f"{uri!r}: expected <scheme>://<authority>/<path>")
+        raise UnsupportedStorageError(f"{shown!r}: expected <scheme>://<authority>/<path>")
     written, authority, path = match[1].lower(), match[2], match[3]
     if "#" in uri or "%" in uri:
         # The engine refuses these in table URIs (Hadoop and the engine would read different keys).
-        raise UnsupportedStorageError(f"{uri!r} holds '#' or '%', which a table URI cannot hold")
+        raise UnsupportedStorageError(f"{shown!r} holds '#' or '%', which a table URI cannot hold")
+    if _QUERY.search(uri):
+        raise UnsupportedStorageError(f"{shown!r} holds a query ('?name='); a table URI cannot hold one, and "
+                                      "credentials (a SAS token) belong in the storage connection")
     path = re.sub(r"/+", "/", path).strip("/")
     if any(part in (".", "..") for part in path.split("/")):
-        raise UnsupportedStorageError(f"{uri!r} holds '.' or '..' segments; give the table's own path")
+        raise UnsupportedStorageError(f"{shown!r} holds '.' or '..' segments; give the table's own path")
     scheme = _SPELLINGS.get(written, written)
-    where = f"{scheme}://{_canonical_authority(written, authority, uri)}"
+    where = f"{scheme}://{_canonical_authority(written, authority, shown)}"
     return f"{where}/{path}" if path else where
 
 
-def _canonical_authority(scheme: str, authority: str, uri: str) -> str:
-    """``[container@]host[:port]`` in lower case with the port as ``canonical_location`` writes it."""
+def _canonical_authority(scheme: str, authority: str, shown: str) -> str:
+    """``[container@]host[:port]`` in lower case with the port as ``canonical_location`` writes it
+    (``shown``: the URI redacted, for messages)."""
     user, at, hostport = authority.rpartition("@")
     if at and (scheme not in _CONTAINER_SCHEMES or ":" in user):
-        raise UnsupportedStorageError(f"{uri!r} holds user info; credentials do not belong in a table URI")
-    host, port = _split_port(hostport, uri)
+        raise UnsupportedStorageError(f"{shown!r} holds user info; credentials do not belong in a table URI")
+    host, port = _split_port(hostport, shown)
     default = DEFAULT_PORTS.get(scheme)
     if port == default:
         port = None
@@ -217,8 +286,9 @@ def _canonical_authority(scheme: str, authority: str, uri: str) -> str:
     return f"{container}{host.lower()}" + ("" if port is None else f":{port}")
 
 
-def _split_port(hostport: str, uri: str) -> tuple[str, int | str | None]:
-    """The host and its port: a number, the text of a pool pattern's wildcard port, or None."""
+def _split_port(hostport: str, shown: str) -> tuple[str, int | str | None]:
+    """The host and its port: a number, the text of a pool pattern's wildcard port, or None (``shown``:
+    the URI redacted, for messages)."""
     ipv6 = _IPV6.fullmatch(hostport)
     if ipv6 is not None:
         host, text = ipv6[1], ipv6[2]
@@ -230,7 +300,7 @@ def _split_port(hostport: str, uri: str) -> tuple[str, int | str | None]:
         return host, int(text)
     if _WILDCARDS.intersection(text):
         return host, text
-    raise UnsupportedStorageError(f"{uri!r}: port {text!r} is not a port (a number from 0 to {MAX_PORT})")
+    raise UnsupportedStorageError(f"{shown!r}: port {text!r} is not a port (a number from 0 to {MAX_PORT})")
 
 
 def parse_table_uri(table_uri: str) -> TableLocation:
@@ -245,46 +315,50 @@ def parse_table_uri(table_uri: str) -> TableLocation:
         UnsupportedStorageError: an unknown scheme, one of the above, or a URI without a bucket,
             container or account.
     """
-    parsed = urlparse(table_uri)
+    shown = redact_uri(table_uri)  # every message quotes this: a refused URI may hold credentials
+    try:
+        parsed = urlparse(table_uri)
+    except ValueError as exc:  # an unclosed IPv6 bracket
+        raise UnsupportedStorageError(f"cannot read {shown!r}: not a URI ({exc})") from None
     scheme = parsed.scheme.lower()
     kind = SCHEMES.get(scheme)
     if kind is None:
         known = ", ".join(f"{s}://" for s in SCHEMES)
-        raise UnsupportedStorageError(f"cannot read {table_uri!r}: the scheme {scheme!r} is not supported "
+        raise UnsupportedStorageError(f"cannot read {shown!r}: the scheme {scheme!r} is not supported "
                                       f"(use a local path, file://, or one of {known})")
     rest = table_uri[len(scheme) + 1:]
     bad = sorted(_AMBIGUOUS.intersection(rest))
     if bad:
-        raise UnsupportedStorageError(f"cannot read {table_uri!r}: it holds {' '.join(bad)}, which Spark's Hadoop "
+        raise UnsupportedStorageError(f"cannot read {shown!r}: it holds {' '.join(bad)}, which Spark's Hadoop "
                                       "connector and the engine read differently (query, fragment, escape), so "
                                       "they could name different objects; rename the path")
     if not rest.startswith("//"):
-        raise UnsupportedStorageError(f"cannot read {table_uri!r}: expected {scheme}://<bucket or host>/<path>")
+        raise UnsupportedStorageError(f"cannot read {shown!r}: expected {scheme}://<bucket or host>/<path>")
     path = parsed.path.strip("/")
     if any(part in (".", "..") for part in path.split("/")):
         # Hadoop's Path resolves these and the object store does not: Spark would write one table
         # while the engine (and a conflict pool) looked at another name.
-        raise UnsupportedStorageError(f"cannot read {table_uri!r}: '.' and '..' segments are ambiguous on object "
+        raise UnsupportedStorageError(f"cannot read {shown!r}: '.' and '..' segments are ambiguous on object "
                                       "stores; give the table's own path")
     if kind is StoreKind.AZURE:
         container, at, host = parsed.netloc.partition("@")
         match = _AZURE_HOST.fullmatch(host.lower())
         if not at or not container or ":" in container or match is None:
-            raise UnsupportedStorageError(f"cannot read {table_uri!r}: an {scheme}:// URI names "
+            raise UnsupportedStorageError(f"cannot read {shown!r}: an {scheme}:// URI names "
                                           "container@account.dfs.core.windows.net (or a sovereign cloud's "
                                           "dfs endpoint)")
         root = "/".join(p for p in (container, path) if p)
         return TableLocation(table_uri, kind, scheme, match["account"], root, host.lower())
     if "@" in parsed.netloc:
-        raise UnsupportedStorageError(f"cannot read {table_uri!r}: credentials do not belong in a table URI (they "
+        raise UnsupportedStorageError(f"cannot read {shown!r}: credentials do not belong in a table URI (they "
                                       "would be logged with it); give them in the storage connection")
     if kind is StoreKind.HDFS:
-        _split_port(parsed.netloc, table_uri)  # a port that is no number is refused here, not by pyarrow
+        _split_port(parsed.netloc, shown)  # a port that is no number is refused here, not by pyarrow
         return TableLocation(table_uri, kind, scheme, parsed.netloc, "/" + path)
     if not parsed.netloc:
-        raise UnsupportedStorageError(f"cannot read {table_uri!r}: the URI names no bucket")
+        raise UnsupportedStorageError(f"cannot read {shown!r}: the URI names no bucket")
     if _BUCKET.fullmatch(parsed.netloc) is None:
-        raise UnsupportedStorageError(f"cannot read {table_uri!r}: {parsed.netloc!r} is not a bucket name")
+        raise UnsupportedStorageError(f"cannot read {shown!r}: {parsed.netloc!r} is not a bucket name")
     return TableLocation(table_uri, kind, scheme, parsed.netloc, "/".join(p for p in (parsed.netloc, path) if p))
 
 

@@ -23,7 +23,7 @@ from typing import IO, Protocol
 from urllib.parse import unquote, urlparse
 
 from .errors import FileAlreadyExistsError, StorageError, UnsupportedStorageError
-from .object_store import StorageCredentials, open_filesystem, parse_table_uri
+from .object_store import StorageCredentials, open_filesystem, parse_table_uri, redact_uri
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,13 +176,22 @@ def resolve_table(table_uri: str, credentials: StorageCredentials | None = None)
     ``gs://``, ``hdfs://``; see ``object_store``); ``credentials`` are used for them when given.
 
     Raises:
-        UnsupportedStorageError: an unknown scheme, or credentials for another store.
+        UnsupportedStorageError: an unknown scheme, a ``file:`` URI naming another host (it would be
+            read here as a local path, while a conflict pool refuses it), or credentials for another
+            store. Messages quote the URI with its credentials as ``***`` (``redact_uri``).
         StorageError: the store cannot be opened.
     """
-    parsed = urlparse(table_uri)
+    shown = redact_uri(table_uri)
+    try:
+        parsed = urlparse(table_uri)
+    except ValueError as exc:  # an unclosed IPv6 bracket
+        raise UnsupportedStorageError(f"cannot read {shown!r}: not a URI ({exc})") from None
     if parsed.scheme in ("", "file") or (len(parsed.scheme) == 1 and os.name == "nt"):
+        if parsed.scheme == "file" and parsed.netloc.lower() not in ("", "localhost") and os.name != "nt":
+            raise UnsupportedStorageError(f"cannot read {shown!r}: a file: URI on another host (or with user "
+                                          "info); give a local path, or the store's own URI")
         if credentials is not None:
-            raise UnsupportedStorageError(f"{table_uri} is a local path; storage credentials apply to object stores")
+            raise UnsupportedStorageError(f"{shown} is a local path; storage credentials apply to object stores")
         local = unquote(parsed.path) if parsed.scheme == "file" else table_uri
         return LocalStorage(), os.path.abspath(local)
     location = parse_table_uri(table_uri)

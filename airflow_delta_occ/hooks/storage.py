@@ -33,6 +33,7 @@ from airflow_delta_occ.engine.object_store import (
     S3Credentials,
     StorageCredentials,
     store_scheme,
+    uri_secrets,
 )
 from airflow_delta_occ.exceptions import StorageConnectionError
 
@@ -43,9 +44,14 @@ def credentials_for(location: str, conn_id: str | None) -> StorageCredentials | 
     """The credentials the engine reads ``location`` with: the connection's when the location is on
     an object store of the connection's kind, else ``None`` (local paths, or the store's defaults).
 
+    Every table the operators and the sensor read passes here first, so credentials written into
+    the location (which the engine then refuses) are registered with the log masker before anything
+    else can log them (``mask_uri_secrets``).
+
     Raises:
         StorageConnectionError: the connection cannot be used.
     """
+    mask_uri_secrets(location)
     if conn_id is None:
         return None
     scheme = store_scheme(location)
@@ -92,6 +98,19 @@ def _mask(credentials: StorageCredentials) -> None:
         value = getattr(credentials, name, None)
         if value:
             mask_secret(value)
+
+
+def mask_uri_secrets(*locations: str | None) -> None:
+    """Register the credentials a table or source URI holds (``s3a://KEYID:SECRET@bucket``, a SAS
+    ``?sig=``) with Airflow's log masker. The engine refuses such URIs and its messages show them
+    redacted; this hides them in every other log line of the task too (the engine stays free of
+    Airflow, so the masking is done here)."""
+    from airflow.sdk.log import mask_secret
+
+    for location in locations:
+        if isinstance(location, str):
+            for secret in uri_secrets(location):
+                mask_secret(secret)
 
 
 def credentials_from_fields(conn_type: str, *, login: str | None, password: str | None, host: str | None,

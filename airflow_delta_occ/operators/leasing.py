@@ -92,12 +92,15 @@ def pooled_table(pool: Pool, location: str) -> str:
         PoolConfigError: the table is not covered by the pool's patterns (leasing it there would not
             keep it apart from writers leased in its own pool, or in none).
     """
+    from airflow_delta_occ.engine.object_store import redact_uri
+    from airflow_delta_occ.hooks.storage import mask_uri_secrets
     from airflow_delta_occ.pools.config import normalize_table
 
     try:
         table = normalize_table(location)
     except ValueError as exc:
-        raise PoolConfigError(f"conflict_pool={pool.name!r}: table {location!r}: {exc}") from exc
+        mask_uri_secrets(location)  # credentials in the URI: shown as *** here, masked in the task's logs
+        raise PoolConfigError(f"conflict_pool={pool.name!r}: table {redact_uri(location)!r}: {exc}") from exc
     if pool.matching_pattern(table) is None:
         raise PoolConfigError(f"table {table!r} is not in conflict pool {pool.name!r} (patterns: "
                               f"{', '.join(pool.tables)}); add it to the pool file or change conflict_pool")

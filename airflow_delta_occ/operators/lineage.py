@@ -46,14 +46,22 @@ def dataset_name_for_location(location: str) -> DatasetName:
     """
     if not location:
         raise ProviderConfigError("cannot name an empty table location for OpenLineage")
-    parts = urlsplit(location)
+    try:
+        parts = urlsplit(location)
+    except ValueError as exc:  # an unclosed IPv6 bracket
+        from airflow_delta_occ.engine.object_store import redact_uri
+
+        raise ProviderConfigError(f"table location {redact_uri(location)!r} is not a URI ({exc})") from None
     scheme = parts.scheme.lower()
     if scheme in ("", "file"):
         path = parts.path if scheme == "file" else location
         return DatasetName("file", os.path.abspath(path).rstrip("/") or "/")
     if scheme in _AUTHORITY_SCHEMES:
         return _authority_dataset(location)
-    raise ProviderConfigError(f"table location {location!r}: scheme {scheme!r} has no OpenLineage naming rule")
+    from airflow_delta_occ.engine.object_store import redact_uri
+
+    raise ProviderConfigError(f"table location {redact_uri(location)!r}: scheme {scheme!r} has no OpenLineage "
+                              "naming rule")
 
 
 def _authority_dataset(location: str) -> DatasetName:
@@ -69,7 +77,7 @@ def _authority_dataset(location: str) -> DatasetName:
     scheme, _, rest = canonical.partition("://")
     authority, _, name = rest.partition("/")
     if not authority:
-        raise ProviderConfigError(f"table location {location!r} has no bucket/container/host")
+        raise ProviderConfigError(f"table location {canonical!r} has no bucket/container/host")
     return DatasetName(f"{scheme}://{authority}", name or "/")
 
 

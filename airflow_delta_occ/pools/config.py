@@ -33,7 +33,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Literal
 
 from airflow_delta_occ.engine.errors import UnsupportedStorageError
-from airflow_delta_occ.engine.object_store import canonical_location
+from airflow_delta_occ.engine.object_store import canonical_location, redact_uri
 from airflow_delta_occ.exceptions import PoolConfigError
 
 if TYPE_CHECKING:
@@ -110,10 +110,11 @@ def _normalize_uri(scheme: str, rest: str, text: str) -> str:
     if rest.startswith("//"):
         host, _, local = rest[2:].partition("/")
         if host.lower() not in ("", "localhost"):
-            raise ValueError(f"{text!r} is a file: URI on host {host!r}; only local file: URIs are tables")
+            raise ValueError(f"{redact_uri(text)!r} is a file: URI on another host (or with user info); only local "
+                             "file: URIs are tables")
         path = "/" + local
     if not path.startswith("/"):
-        raise ValueError(f"{text!r} is a relative path; give an absolute path or a URI")
+        raise ValueError(f"{redact_uri(text)!r} is a relative path; give an absolute path or a URI")
     return _file_uri(path)
 
 

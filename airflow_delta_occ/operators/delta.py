@@ -25,6 +25,7 @@ from airflow_delta_occ.engine.expressions import is_deterministic
 from airflow_delta_occ.engine.sql_parser import render_identifier, to_sql
 from airflow_delta_occ.exceptions import (
     CommitNotConfirmedError,
+    CommitOutsidePartitionsError,
     ConflictSkipped,
     JobKilledError,
     JobSpecError,
@@ -56,6 +57,7 @@ from airflow_delta_occ.jobs.partitions import (
 )
 from airflow_delta_occ.jobs.result import JobResult
 from airflow_delta_occ.jobs.spec import JobSpec, MergeClause, RunIdentity, SourceRef, TableRef
+from airflow_delta_occ.jobs.sql import target_sql
 from airflow_delta_occ.jobs.text import refuse_substitution
 from airflow_delta_occ.operators.lineage import DeltaJobLineage, lineage_of, operator_lineage, schema_columns
 from airflow_delta_occ.operators.links import SparkUILink
@@ -71,6 +73,7 @@ if TYPE_CHECKING:  # the engine loads pyarrow: imported when a table is read, no
     from airflow_delta_occ.engine import Snapshot
     from airflow_delta_occ.engine.expressions import Expr
     from airflow_delta_occ.engine.planner import Footprint
+    from airflow_delta_occ.jobs.verify import Escape
     from airflow_delta_occ.pools.config import Pool
     from airflow_delta_occ.pools.leases.base import LeaseStore
 
@@ -551,10 +554,33 @@ class DeltaBaseOperator(BaseOperator):
         commit = next((c for c in log.commits_after(after, until=result.version) if c.version == result.version),
                       None)
         tag = commit.commit_info.user_metadata if commit and commit.commit_info else None
-        if not spec.run.tagged(tag):
+        if commit is None or not spec.run.tagged(tag):
             raise CommitNotConfirmedError(f"version {result.version} of {prepared.location} is not tagged with run "
                                           f"{spec.run.app_id}")
+        from airflow_delta_occ.jobs.verify import escapes
+
+        outside = escapes(spec, prepared.footprint, prepared.snapshot, commit)
+        if outside:
+            raise self._escaped(prepared, commit.version, outside)
         return replace(result, confirmed=True)
+
+    def _escaped(self, prepared: PreparedJob, version: int, outside: tuple[Escape, ...]
+                 ) -> CommitOutsidePartitionsError:
+        """The data-safety error of a commit that touched files outside its plan, logged where users look."""
+        spec = prepared.spec
+        partitions = tuple(dict(p) for p in {tuple(e.partition.items()): e.partition for e in outside}.values())
+        shown = "; ".join(", ".join(f"{k}={v}" for k, v in p.items()) for p in partitions[:10])
+        changes = ", ".join(f"{sum(e.change == c for e in outside)} file(s) {c}" for c in ("removed", "added")
+                            if any(e.change == c for e in outside))
+        restore = f"RESTORE TABLE {target_sql(spec)} TO VERSION AS OF {version - 1}"
+        planned = spec.partition_filter_sql or (to_sql(prepared.footprint.read_predicate)
+                                                if prepared.footprint.read_predicate is not None else "nothing")
+        message = (f"DATA SAFETY: version {version} of {spec.target.label}, committed by this task, changed files "
+                   f"outside the partitions it was planned for ({planned}): {changes} in partition(s) {shown}. The "
+                   f"task fails instead of reporting success. To undo the commit run `{restore}` (it also undoes any "
+                   f"commit after version {version}; check DESCRIBE HISTORY first).")
+        self.log.error("%s", message)
+        return CommitOutsidePartitionsError(message, version=version, partitions=partitions, restore=restore)
 
     def _target(self) -> TableRef:
         return TableRef(path=self.table) if self.table is not None else TableRef(name=self.table_name)

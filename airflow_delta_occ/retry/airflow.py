@@ -32,7 +32,13 @@ from airflow_delta_occ.engine.errors import (
     UnsupportedProtocolError,
     UnsupportedStorageError,
 )
-from airflow_delta_occ.exceptions import ConflictFailure, JobSpecError, ProviderConfigError, UnsafeLogStoreError
+from airflow_delta_occ.exceptions import (
+    CommitOutsidePartitionsError,
+    ConflictFailure,
+    JobSpecError,
+    ProviderConfigError,
+    UnsafeLogStoreError,
+)
 from airflow_delta_occ.jobs.result import REFUSED_TYPES
 
 from .classify import ADVICE, ConflictKind, classify_conflict
@@ -42,10 +48,11 @@ from .policy import Action, ConflictPolicy, layer_overrides, policies_for
 # condition the engine cannot read, a table this engine cannot read, a malformed log (Delta's commit
 # files are written once, atomically), bad provider configuration, an S3 table whose commits could be
 # lost, and an object-store URI or credentials the engine cannot use (an unreachable store is a
-# plain StorageError and is retried).
+# plain StorageError and is retried), and a commit that changed files outside its partitions (a retry
+# would find the same commit and must not hide it).
 NOT_RETRIABLE: tuple[type[BaseException], ...] = (
     *REFUSED_TYPES, PredicateError, UnsupportedProtocolError, InvalidCommitError, LogCorruptError, ProviderConfigError,
-    UnsafeLogStoreError, UnsupportedStorageError)
+    UnsafeLogStoreError, UnsupportedStorageError, CommitOutsidePartitionsError)
 PERMANENT = RetryRule(exception=list(NOT_RETRIABLE), action=RetryAction.FAIL)
 
 

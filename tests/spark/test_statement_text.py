@@ -171,3 +171,51 @@ def test_session_variables_and_identifier_cannot_rename_a_column(spark: Any, peo
     with pytest.raises(UnsafeExpressionError, match="IDENTIFIER"):
         DeltaDeleteOperator(task_id="d", table=people, where="IDENTIFIER('id') = 1", partitions={"country": "DE"})
     assert table(spark, people) == ORIGINAL
+
+
+# -- a commit that escaped is never reported as success ----------------------------------------------
+
+def test_a_commit_outside_the_planned_partitions_fails_the_task_and_names_the_restore(spark: Any,
+                                                                                      people: str) -> None:
+    """Spark runs another statement than the one planned (here: a DELETE of another partition, tagged with
+    this run, as a rewritten statement would be): the confirmation reads the commit's actions, fails
+    with the partitions touched, the version and the RESTORE that undoes it, and that RESTORE works."""
+    from airflow_delta_occ.exceptions import CommitOutsidePartitionsError
+    from airflow_delta_occ.jobs.result import JobResult
+    from airflow_delta_occ.spark.runner import run_job
+
+    planned = DeltaDeleteOperator(task_id="d", table=people, partitions={"country": "DE"})
+    prepared = planned.prepare(context("d"))
+    other = DeltaDeleteOperator(task_id="d", table=people, partitions={"country": HOSTILE})
+    ran = other.build_spec(prepared.snapshot, prepared.spec.run)  # the same task run, another statement
+    result: JobResult = run_job(spark, ran).raise_for_status()
+    assert table(spark, people) == [ORIGINAL[0], ORIGINAL[1], ORIGINAL[3]]
+    with pytest.raises(CommitOutsidePartitionsError) as caught:
+        planned.confirm(prepared, result)
+    error = caught.value
+    assert error.version == result.version and error.partitions == ({"country": HOSTILE},)
+    assert f"VERSION AS OF {result.version - 1}" in str(error) and error.restore in str(error)
+    assert "removed" in str(error) and "country=x' OR 1=1 --" in str(error)
+    spark.sql(error.restore).collect()
+    assert table(spark, people) == ORIGINAL
+
+
+def test_commits_inside_their_partitions_are_confirmed(spark: Any, people: str) -> None:
+    """The check fails no correct job: a DELETE, an UPDATE, an OPTIMIZE and a MERGE that deletes what
+    its source lacks, each confined to its partition, are confirmed."""
+    for op in (DeltaDeleteOperator(task_id="d", table=people, where="id = 1", partitions={"country": "DE"}),
+               DeltaUpdateOperator(task_id="u", table=people, set={"v": "v + 1"}, partitions={"country": BACKSLASH}),
+               DeltaMergeOperator(task_id="m", table=people, partitions={"country": HOSTILE},
+                                  merge_condition="t.id = s.id",
+                                  source_query="SELECT 9 AS id, 9 AS v, 'n9' AS name, 'x\\' OR 1=1 --' AS country",
+                                  clauses=[{"kind": "not_matched_insert_all"},
+                                           {"kind": "not_matched_by_source_delete"}])):
+        assert op.execute(context(op.task_id))["confirmed"], op.task_id
+    from airflow_delta_occ.operators.delta import DeltaOptimizeOperator
+
+    spark.createDataFrame([(10, 10, "n10", HOSTILE)], "id INT, v INT, name STRING, country STRING") \
+        .write.format("delta").mode("append").save(people)  # a second file there, for OPTIMIZE to compact
+    result = DeltaOptimizeOperator(task_id="o", table=people, partitions={"country": HOSTILE}).execute(context("o"))
+    assert result["confirmed"] and result["metrics"]["numRemovedFiles"] == "2", result["metrics"]
+    assert table(spark, people) == [(2, 2, "n2", "DE"), (4, 5, "n4", BACKSLASH), (9, 9, "n9", HOSTILE),
+                                    (10, 10, "n10", HOSTILE)]

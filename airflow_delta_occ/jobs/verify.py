@@ -1,0 +1,127 @@
+"""What a job's commit actually changed, judged against what it was planned to change (pure, no Spark).
+
+Everything before the commit (the parse, the injected partition predicate, the footprint, the lease)
+is a claim about the statement; the commit's own actions in the Delta log are the fact. After Spark
+reports success the operator reads them and fails the task when a file was removed or added in a
+partition the job could not touch, so an escape from any cause (Spark rewriting the statement text,
+a bug, a table changed under the job) is a loud failure, never a confirmed success.
+
+A file may be touched only where both hold (each is judged on its partition values alone, and a
+value the engine cannot judge counts as inside, so a correct job is never failed):
+
+* ``partitions=`` (the spec's ``partition_filter``), when the job was given them;
+* for a removed file, and for a file added by a job that only rewrites rows (UPDATE, DELETE,
+  OPTIMIZE), the partition part of the job's condition (the footprint's ``read_predicate``); a job
+  that reads nothing (an append) removes nothing.
+
+One exception, measured on delta-spark 4.4: a MERGE with a WHEN NOT MATCHED BY SOURCE clause rewrites
+every file of the table, copying the rows of other partitions unchanged, even when every clause
+carries the partition predicate. Its changes outside ``partitions=`` are copies when each such
+partition keeps its row count (the removed files' ``numRecords``, from the read snapshot, equal the
+added files'); a partition that gains or loses rows is an escape. That a copied row keeps its values
+cannot be read from the log; where the counts are unknown the files are not judged.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from airflow_delta_occ.engine.actions import AddFile, RemoveFile
+from airflow_delta_occ.engine.conflicts import PartitionSchema
+from airflow_delta_occ.engine.expressions import Expr
+from airflow_delta_occ.engine.planner import Footprint
+from airflow_delta_occ.engine.predicates import file_may_match
+from airflow_delta_occ.engine.snapshot import Commit, Snapshot
+
+from .spec import JobSpec
+
+# Jobs whose new files hold rows from a source (anywhere partitions= allows), not rewritten rows.
+_INSERTING = frozenset({"merge", "append", "overwrite_partitions"})
+
+
+@dataclass(frozen=True)
+class Escape:
+    """One file a commit touched outside the job's plan: ``removed`` or ``added``, in ``partition``
+    (raw values by column, as the log holds them)."""
+
+    change: str
+    path: str
+    partition: dict[str, str | None]
+
+
+def escapes(spec: JobSpec, footprint: Footprint, snapshot: Snapshot, commit: Commit) -> tuple[Escape, ...]:
+    """The files ``commit`` removed or added outside what ``spec`` planned on ``snapshot`` (none: it stayed in)."""
+    schema = PartitionSchema.of(snapshot.metadata)
+    if not schema:
+        return ()  # an unpartitioned table has no partitions to leave
+    confined = snapshot.bind(spec.partition_filter) if spec.partition_filter is not None else None
+    planned = footprint.read_predicate
+    out = []
+    known: dict[str, AddFile] | None = None  # the read snapshot's files, if a remove needs them
+    copies: dict[tuple[tuple[str, str | None], ...], _Copies] = {}
+    for action in commit.actions:
+        if isinstance(action, RemoveFile):
+            bounds = [confined, planned] if planned is not None else None
+            change = "removed"
+        elif isinstance(action, AddFile):
+            bounds = [confined] if spec.operation in _INSERTING else [confined, planned]
+            change = "added"
+        else:
+            continue
+        if known is None and isinstance(action, RemoveFile):
+            known = {f.path: f for f in snapshot.files()}
+        original = known.get(action.path) if known is not None and isinstance(action, RemoveFile) else None
+        if action.partition_values is None:  # optional in a remove: the file's own, as the snapshot holds it
+            if original is None:
+                continue  # a file the job did not read either; nothing to judge it by
+            raw = dict(original.partition_values)
+        else:
+            raw = dict(action.partition_values)
+        if bounds is not None and _inside(schema, raw, bounds):
+            continue
+        escape = Escape(change, action.path, schema.hint(raw))
+        if not footprint.read_whole_table or spec.operation != "merge":
+            out.append(escape)
+            continue
+        # A NOT MATCHED BY SOURCE MERGE copies other partitions: count their rows in and out.
+        records = _records(original.stats if original is not None else None) if isinstance(action, RemoveFile) \
+            else _records(action.stats)
+        copies.setdefault(tuple(sorted(raw.items())), _Copies()).count(escape, records)
+    for partition in copies.values():
+        if partition.removed is not None and partition.added is not None and partition.removed != partition.added:
+            out.extend(partition.changes)
+    return tuple(out)
+
+
+@dataclass
+class _Copies:
+    """The rows a NOT MATCHED BY SOURCE MERGE removed and added in one partition outside its plan
+    (``None``: a file's count is unknown)."""
+
+    removed: int | None = 0
+    added: int | None = 0
+    changes: list[Escape] = field(default_factory=list)
+
+    def count(self, change: Escape, records: int | None) -> None:
+        self.changes.append(change)
+        if change.change == "removed":
+            self.removed = None if records is None or self.removed is None else self.removed + records
+        else:
+            self.added = None if records is None or self.added is None else self.added + records
+
+
+def _records(stats: str | None) -> int | None:
+    """``numRecords`` of a file's statistics, if the log holds it."""
+    try:
+        value = json.loads(stats).get("numRecords") if stats else None
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _inside(schema: PartitionSchema, raw: dict[str, str | None], bounds: list[Expr | None]) -> bool:
+    typed = schema.typed(raw)
+    if typed is None:
+        return True  # a value the engine cannot read: not proof of an escape
+    return all(bound is None or file_may_match(bound, typed, None) for bound in bounds)

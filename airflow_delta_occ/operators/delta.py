@@ -168,6 +168,9 @@ class DeltaBaseOperator(BaseOperator):
         # One retry decision at both levels: the task-level policy resolves the same layers (platform
         # defaults, then this task's conflict_policies) as the runner's in-job loop.
         # `partial()` fills retry_policy=None for mapped tasks: None means unset here too.
+        for where, policy in (("retry_policy", kwargs.get("retry_policy")),
+                              ("default_args['retry_policy']", (kwargs.get("default_args") or {}).get("retry_policy"))):
+            _check_retry_policy(where, policy)
         if kwargs.get("retry_policy") is None and (kwargs.get("default_args") or {}).get("retry_policy") is None:
             kwargs["retry_policy"] = DeltaConflictRetryPolicy(self.operation, self._policy_overrides)
         _default_retries(kwargs, kwargs.get("default_args"))
@@ -225,6 +228,7 @@ class DeltaBaseOperator(BaseOperator):
         group = kwargs.get("task_group") or (TaskGroupContext.get_current(dag) if dag else None)
         defaults, _ = get_merged_defaults(dag=dag, task_group=group, task_params=None,
                                           task_default_args=kwargs.get("default_args"))
+        _check_retry_policy("retry_policy", kwargs.get("retry_policy"))
         _default_retries(kwargs, defaults)
         leasing.route_to_airflow_pool(kwargs, defaults, kwargs.get("conflict_pool"))
         return super().partial(**kwargs)
@@ -590,6 +594,16 @@ class DeltaBaseOperator(BaseOperator):
         return {"target": self._target(), "run": run, "idempotent": self.idempotent, "retry_policies": policies,
                 "source_outside": self.source_outside_partitions, "partition_filter": pfilter.to_expr(),
                 "partitions": pfilter.serialized()}
+
+
+def _check_retry_policy(where: str, policy: Any) -> None:
+    """A ``retry_policy`` must be an Airflow ``RetryPolicy``: anything else makes Airflow log "Retry policy
+    evaluation failed, falling back" at failure time and retry every error, permanent ones included."""
+    from airflow.sdk import RetryPolicy
+
+    if policy is not None and not isinstance(policy, RetryPolicy):
+        raise JobSpecError(f"{where} must be an airflow.sdk RetryPolicy (e.g. airflow_delta_occ.retry.airflow."
+                           f"DeltaConflictRetryPolicy, or left unset for it), got {type(policy).__name__}")
 
 
 def _default_retries(kwargs: dict[str, Any], default_args: Mapping[str, Any] | None) -> None:

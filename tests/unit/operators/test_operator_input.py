@@ -215,3 +215,30 @@ def test_a_value_that_does_not_convert_is_not_taken_for_the_null_partition() -> 
     pfilter = PartitionFilter((("hour", (8, None)),), (("hour", PrimitiveType("integer")),))
     sql = pfilter.over({"hour": "TRY_CAST(`s`.`hour` AS integer)"}, {"hour": "`s`.`hour`"})
     assert sql == "(TRY_CAST(`s`.`hour` AS integer) = 8 OR `s`.`hour` IS NULL)"
+
+
+@pytest.mark.parametrize("policy", [{"ConcurrentAppendException": "retry"}, "retry", lambda exc: True])
+def test_a_retry_policy_that_is_not_a_policy_fails_at_dag_parse_time(policy: Any) -> None:
+    """Airflow would log "Retry policy evaluation failed, falling back" at failure time and retry a
+    permanent error; the provider's own policy would be gone (issue #20)."""
+    from airflow_delta_occ.operators.delta import DeltaDeleteOperator
+
+    with pytest.raises(JobSpecError, match="RetryPolicy"):
+        DeltaDeleteOperator(task_id="d", table="/lake/t", where="id = 1", retry_policy=policy)
+    with pytest.raises(JobSpecError, match="RetryPolicy"):
+        DeltaDeleteOperator(task_id="d", table="/lake/t", where="id = 1", default_args={"retry_policy": policy})
+    with pytest.raises(JobSpecError, match="RetryPolicy"):
+        DeltaDeleteOperator.partial(task_id="d", table="/lake/t", retry_policy=policy)
+
+
+def test_an_airflow_retry_policy_of_the_authors_own_is_kept() -> None:
+    from airflow.sdk import RetryPolicy
+
+    from airflow_delta_occ.operators.delta import DeltaDeleteOperator
+
+    class Mine(RetryPolicy):
+        def evaluate(self, exception: BaseException, try_number: int, max_tries: int, context: Any = None) -> Any:
+            raise NotImplementedError
+
+    mine = Mine()
+    assert DeltaDeleteOperator(task_id="d", table="/lake/t", where="id = 1", retry_policy=mine).retry_policy is mine

@@ -46,6 +46,8 @@ EXIT_MISSING_POOLS = 1
 EXIT_STORE = 1
 EXIT_USAGE = 2
 DETAIL_WIDTH = 60
+#: The most audit events ``leases --history`` reads: a larger count would overflow the database's integer.
+MAX_HISTORY = 100_000
 
 
 def _fail(message: str, code: int) -> None:
@@ -329,8 +331,8 @@ def leases(args: argparse.Namespace) -> None:
             table = normalize_table(args.table)
         except ValueError as exc:
             _fail(f"--table: {exc}", EXIT_USAGE)
-    if args.history < 0:
-        _fail(f"--history must be 0 or more, got {args.history}", EXIT_USAGE)
+    if not 0 <= args.history <= MAX_HISTORY:
+        _fail(f"--history must be from 0 to {MAX_HISTORY}, got {args.history}", EXIT_USAGE)
     store = DeltaLeaseStoreHook(args.conn_id).get_store()
     try:
         held = store.holders(pool=args.pool, table=table)
@@ -374,7 +376,17 @@ def _cell(value: object, none: str) -> str:
 
 
 def _time(epoch: float | None) -> str:
-    return "-" if epoch is None else datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
+    """An epoch time as ISO 8601 in UTC. Total: the store may hold a time no calendar has (a lease granted
+    with a TTL of years beyond 9999, NaN), and the listing is what an operator reads to clear it up."""
+    if epoch is None:
+        return "-"
+    try:
+        return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
+    except (OverflowError, ValueError, OSError, TypeError):
+        try:
+            return f"{float(epoch):.6g} (epoch seconds, out of range)"
+        except (OverflowError, ValueError, TypeError):
+            return "(out of range)"
 
 
 def _shorten(text: str) -> str:

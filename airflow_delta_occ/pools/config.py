@@ -27,6 +27,7 @@ import math
 import os
 import posixpath
 import re
+import reprlib
 import tomllib
 from dataclasses import dataclass
 from functools import lru_cache
@@ -44,6 +45,12 @@ MODELS: tuple[Model, ...] = ("delta", "databricks", "maxcompute")
 DEFAULT_LEASE_TTL = 300.0
 DEFAULT_HEARTBEAT = 30.0
 MIN_HEARTBEATS_PER_TTL = 3
+# The ranges of the file's numbers (docs/pools.md). A heartbeat under 0.1 s hammers the store; over an
+# hour, a dead holder is noticed too late. A TTL over 7 days keeps a dead worker's lease for a week; a
+# number no clock can add (``90000000000h``) would fail only after the job committed, leaving the lease held.
+HEARTBEAT_RANGE = (0.1, 3600.0)
+LEASE_TTL_RANGE = (1.0, 7 * 86400.0)
+MAX_WRITERS_RANGE = (1, 10_000)
 AIRFLOW_POOL_PREFIX = "delta_occ_"
 POOL_KEYS = ("tables", "model", "max_writers", "lease_ttl", "heartbeat", "airflow_pool", "description")
 
@@ -280,26 +287,75 @@ def patterns_may_overlap(a: str, b: str) -> bool:
 
 # --- durations ------------------------------------------------------------------------------------
 
-def parse_duration(value: object) -> float:
-    """Seconds from a positive number or a string such as ``"30s"``, ``"10m"``, ``"1.5h"``.
+def parse_duration(value: object, bounds: tuple[float, float] | None = None) -> float:
+    """Seconds from a positive number or a string such as ``"30s"``, ``"10m"``, ``"1.5h"``, within ``bounds``
+    (inclusive) when given.
 
     A bare string number is refused: ``"10"`` in a file is more often a forgotten unit than seconds.
+    Bounds keep a number the clock cannot add (``"90000000000h"``) from being accepted here and failing
+    later, after a job committed, with its lease still held.
 
     Raises:
-        ValueError: anything else (booleans, zero, negative, infinite, other units).
+        ValueError: anything else (booleans, zero, negative, infinite, other units), or a value
+            outside ``bounds`` (the message gives the range).
     """
     seconds: float | None = None
     if isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an integer past any float
+            seconds = math.inf if bounds is not None and value > 0 else None
     elif isinstance(value, str) and (m := _DURATION.fullmatch(value)):
         seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2).lower()]
-    if seconds is None or not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"expected seconds as a positive number or a string like '30s', '10m', '1h', got {value!r}")
+    if seconds is None or seconds <= 0 or (not math.isfinite(seconds) and isinstance(value, float | str)):
+        raise ValueError("expected seconds as a positive number or a string like '30s', '10m', '1h', got "
+                         f"{_shown(value)}")
+    if bounds is not None and not bounds[0] <= seconds <= bounds[1]:
+        shown = _seconds_text(seconds) if math.isfinite(seconds) else _shown(value)
+        raise ValueError(f"{shown} is outside {duration_range_text(bounds)}")
     return seconds
+
+
+def duration_range_text(bounds: tuple[float, float]) -> str:
+    """``1s .. 604800s (7 days)``: a range of seconds as the messages and docs give it."""
+    low, high = bounds
+    return f"{_seconds_text(low)} .. {_seconds_text(high)}" + (f" ({human})" if (human := _human(high)) else "")
+
+
+def _human(seconds: float) -> str | None:
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size and seconds % size == 0:
+            count = int(seconds // size)
+            return f"{count} {unit}{'' if count == 1 else 's'}"
+    return None
 
 
 def _seconds_text(seconds: float) -> str:
     return f"{seconds:g}s"
+
+
+def _label(name: object) -> str:
+    """A pool's name as the ``pools.<name>`` of a message: as written, unless it is too long or no string."""
+    return name if isinstance(name, str) and len(name) <= _REPR.maxstring else _shown(name)
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel = 3
+_REPR.maxstring = _REPR.maxother = 80
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 6
+
+
+def _shown(value: object) -> str:
+    """A value of the file in a message: short, and total. A value nested thousands deep, or an integer
+    of thousands of digits, makes ``repr`` raise (RecursionError, ValueError); a 1 MB string would
+    flood the scheduler's log."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value).bit_length() > 64:
+        exponent = int(math.log10(abs(value)))
+        return f"{'-' if value < 0 else ''}{abs(value) / 10 ** exponent:.3g}e+{exponent}"
+    try:
+        return _REPR.repr(value)
+    except (RecursionError, ValueError):
+        return f"<{type(value).__name__}>"
 
 
 # --- pools ----------------------------------------------------------------------------------------
@@ -327,18 +383,16 @@ class Pool:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _POOL_NAME.fullmatch(self.name):
-            raise PoolConfigError(f"pools.{self.name}: invalid pool name {self.name!r}; use letters, digits, "
-                                  "_, - and .")
+            raise PoolConfigError(f"pools.{_label(self.name)}: invalid pool name {_shown(self.name)}; use letters, "
+                                  "digits, _, - and .")
         where = f"pools.{self.name}"
         object.__setattr__(self, "tables", self._normalized_tables(where))
         if self.model not in MODELS:
-            raise PoolConfigError(f"{where}.model: expected one of {', '.join(MODELS)}, got {self.model!r}")
-        writers = self.max_writers
-        if writers is not None and (not isinstance(writers, int) or isinstance(writers, bool) or writers < 1):
-            raise PoolConfigError(f"{where}.max_writers: expected a positive integer, got {writers!r}")
-        for field_name in ("lease_ttl", "heartbeat"):
+            raise PoolConfigError(f"{where}.model: expected one of {', '.join(MODELS)}, got {_shown(self.model)}")
+        self._check_max_writers(where)
+        for field_name, bounds in (("lease_ttl", LEASE_TTL_RANGE), ("heartbeat", HEARTBEAT_RANGE)):
             try:
-                object.__setattr__(self, field_name, parse_duration(getattr(self, field_name)))
+                object.__setattr__(self, field_name, parse_duration(getattr(self, field_name), bounds))
             except ValueError as exc:
                 raise PoolConfigError(f"{where}.{field_name}: {exc}") from exc
         if self.lease_ttl < MIN_HEARTBEATS_PER_TTL * self.heartbeat:
@@ -347,22 +401,34 @@ class Pool:
                 f"heartbeat ({_seconds_text(self.heartbeat)}); a lease must outlive two missed heartbeats")
         for field_name in ("airflow_pool", "description"):
             if not isinstance(getattr(self, field_name), str):
-                raise PoolConfigError(f"{where}.{field_name}: expected a string, got {getattr(self, field_name)!r}")
+                raise PoolConfigError(f"{where}.{field_name}: expected a string, got "
+                                      f"{_shown(getattr(self, field_name))}")
         if not self.airflow_pool:
             object.__setattr__(self, "airflow_pool", AIRFLOW_POOL_PREFIX + self.name)
         if not _AIRFLOW_POOL_NAME.fullmatch(self.airflow_pool):
-            raise PoolConfigError(f"{where}.airflow_pool: {self.airflow_pool!r} is not a valid Airflow pool name; "
-                                  "use up to 256 letters, digits, _, - and .")
+            raise PoolConfigError(f"{where}.airflow_pool: {_shown(self.airflow_pool)} is not a valid Airflow pool "
+                                  "name; use up to 256 letters, digits, _, - and .")
+
+    def _check_max_writers(self, where: str) -> None:
+        writers = self.max_writers
+        if writers is None:
+            return
+        if not isinstance(writers, int) or isinstance(writers, bool) or writers < 1:
+            raise PoolConfigError(f"{where}.max_writers: expected a positive integer, got {_shown(writers)}")
+        low, high = MAX_WRITERS_RANGE
+        if writers > high:
+            raise PoolConfigError(f"{where}.max_writers: {_shown(writers)} is outside {low} .. {high}; omit it for "
+                                  "no limit")
 
     def _normalized_tables(self, where: str) -> tuple[str, ...]:
         if not isinstance(self.tables, tuple | list):
-            raise PoolConfigError(f"{where}.tables: expected an array of strings, got {self.tables!r}")
+            raise PoolConfigError(f"{where}.tables: expected an array of strings, got {_shown(self.tables)}")
         if not self.tables:
             raise PoolConfigError(f"{where}.tables: expected at least one table pattern")
         normalized = []
         for index, pattern in enumerate(self.tables):
             if not isinstance(pattern, str):
-                raise PoolConfigError(f"{where}.tables[{index}]: expected a string, got {pattern!r}")
+                raise PoolConfigError(f"{where}.tables[{index}]: expected a string, got {_shown(pattern)}")
             try:
                 normalized.append(normalize_table(pattern))
                 _compile(normalized[-1])
@@ -468,29 +534,36 @@ def load_pool_config(path: str | os.PathLike[str]) -> PoolConfig:
             data = tomllib.load(file)
     except OSError as exc:
         raise PoolConfigError(f"{source}: cannot be read: {exc.strerror or exc}") from exc
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+    except ValueError as exc:  # TOMLDecodeError, UnicodeDecodeError, an integer of over 4,300 digits
         raise PoolConfigError(f"{source}: not valid TOML: {exc}") from exc
+    except RecursionError:  # the parser recurses once per level of nesting
+        raise PoolConfigError(f"{source}: not valid TOML: arrays or tables nested too deeply") from None
     unknown = sorted(set(data) - {"pools"})
     if unknown:
-        raise PoolConfigError(f"{source}: unknown top-level key {unknown[0]!r}; allowed: pools")
+        raise PoolConfigError(f"{source}: unknown top-level key {_shown(unknown[0])}; allowed: pools")
     entries = data.get("pools", {})
     if not isinstance(entries, dict):
-        raise PoolConfigError(f"{source}: pools: expected a table ([pools.<name>] sections), got {entries!r}")
+        raise PoolConfigError(f"{source}: pools: expected a table ([pools.<name>] sections), got {_shown(entries)}")
     try:
         pools = tuple(_pool(name, entry) for name, entry in entries.items())
+        return PoolConfig(pools, source)
+    except RecursionError:  # a safety net: every check above is meant to stay shallow
+        raise PoolConfigError(f"{source}: a value is nested too deeply to check") from None
     except PoolConfigError as exc:
+        if str(exc).startswith(f"{source}: "):
+            raise
         raise PoolConfigError(f"{source}: {exc}") from exc
-    return PoolConfig(pools, source)
 
 
 def _pool(name: str, entry: object) -> Pool:
+    label = _label(name)
     if not isinstance(entry, dict):
-        raise PoolConfigError(f"pools.{name}: expected a table ([pools.{name}] section), got {entry!r}")
+        raise PoolConfigError(f"pools.{label}: expected a table ([pools.{label}] section), got {_shown(entry)}")
     unknown = sorted(set(entry) - set(POOL_KEYS))
     if unknown:
-        raise PoolConfigError(f"pools.{name}: unknown key {unknown[0]!r}; allowed: {', '.join(POOL_KEYS)}")
+        raise PoolConfigError(f"pools.{label}: unknown key {_shown(unknown[0])}; allowed: {', '.join(POOL_KEYS)}")
     if "tables" not in entry:
-        raise PoolConfigError(f"pools.{name}.tables: missing; list the table patterns of the pool")
+        raise PoolConfigError(f"pools.{label}.tables: missing; list the table patterns of the pool")
     tables = entry["tables"]
     fields = {**entry, "tables": tuple(tables) if isinstance(tables, list) else tables}
     return Pool(name, **fields)

@@ -1,0 +1,64 @@
+"""``airflow delta-occ leases`` prints any lease the store holds, however odd its times."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from airflow_delta_occ.cli import commands
+from airflow_delta_occ.engine import DeltaLog
+from airflow_delta_occ.engine.planner import TableState, plan_footprint
+from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
+from airflow_delta_occ.pools.requests import LeaseRequest
+
+from ..engine.logbuilder import LogBuilder, add, commit_info, metadata, protocol
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("epoch", [1e300, -1e300, 1e18, -1e18, 2**63, 10**400, math.inf, -math.inf, math.nan, 0.0,
+                                   253402300800.0])
+def test_time_formatting_never_raises(epoch: float) -> None:
+    text = commands._time(epoch)
+    assert isinstance(text, str) and text and len(text) < 80
+
+
+def test_time_formatting_of_ordinary_times() -> None:
+    assert commands._time(None) == "-"
+    assert commands._time(0) == "1970-01-01T00:00:00+00:00"
+    assert commands._time(1_700_000_000.5) == "2023-11-14T22:13:20+00:00"
+
+
+@pytest.mark.parametrize("clock", [1e12, 1e15, 1e18])
+def test_leases_lists_a_lease_whose_times_are_out_of_any_calendar(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], clock: float) -> None:
+    db = tmp_path / "leases.db"
+    monkeypatch.setenv("AIRFLOW_CONN_DELTA_OCC_LEASES", json.dumps(
+        {"conn_type": "delta_occ_leases", "extra": {"backend": "sqlite", "path": str(db)}}))
+    builder = LogBuilder(tmp_path / "sales")
+    builder.commit(commit_info("CREATE TABLE"), protocol(), metadata())
+    builder.commit(commit_info(), add("DE-0.parquet", {"date": "2024-01-01", "country": "DE"}))
+    snapshot = DeltaLog.for_table(builder.root).snapshot()
+    with SqlLeaseStore(f"sqlite:///{db}", clock=lambda: clock) as store:
+        assert store.acquire(LeaseRequest.of(
+            pool="sales", table="file:///sales", owner="far_future", ttl=600.0, table_state=TableState.of(snapshot),
+            footprint=plan_footprint(snapshot, "UPDATE", "country = 'DE'", label="u"))).granted
+    args = argparse.Namespace(table=None, pool=None, history=5, conn_id="delta_occ_leases", output="table",
+                              verbose=False)
+    commands.leases(args)
+    out = capsys.readouterr().out
+    assert "Holders (1)" in out and "far_future" in out
+
+
+@pytest.mark.parametrize("history", [-1, 100_001, 10**30])
+def test_a_history_count_out_of_range_is_a_usage_error(capsys: pytest.CaptureFixture[str], history: int) -> None:
+    args = argparse.Namespace(table=None, pool=None, history=history, conn_id="delta_occ_leases", output="table",
+                              verbose=False)
+    with pytest.raises(SystemExit) as info:
+        commands.leases(args)
+    assert info.value.code == commands.EXIT_USAGE
+    assert "--history must be from 0 to 100000" in capsys.readouterr().err

@@ -10,7 +10,6 @@ this story; a platform team can tell it for any window of a pool's history.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -116,8 +115,8 @@ class PoolStory:
 
 def _request(detail: str) -> LeaseRequest | None:
     try:
-        return LeaseRequest.from_json(json.loads(detail))
-    except (ValueError, LeaseRequestError):
+        return LeaseRequest.from_json_text(detail)
+    except LeaseRequestError:  # an audit detail that is no request (or too deeply nested to decode)
         return None
 
 

@@ -84,3 +84,15 @@ def test_events_of_a_request_asked_before_the_window_are_left_out(request_for: R
     store.release(old.request_id, "old")
     later = [e for e in store.history(limit=1000) if e.event_id not in {x.event_id for x in events}]
     assert PoolStory.from_audit(later).spans == ()
+
+
+def test_a_deeply_nested_audit_detail_is_read_as_no_request() -> None:
+    """An audit row's detail is untrusted text: nesting deeper than Python decodes is no request,
+    not a RecursionError (issue #20)."""
+    from airflow_delta_occ.pools.requests import AuditEvent
+
+    deep = "[" * 100_000 + "]" * 100_000
+    event = AuditEvent(at=1.0, pool="p", table="/t", request_id="r1", owner="o", kind=AuditKind.REQUEST,
+                       summary="s", detail=deep)
+    story = PoolStory.from_audit([event])
+    assert [span.request for span in story.spans] == [None]

@@ -111,15 +111,24 @@ class DeltaSparkHook(BaseHook):
         and refuse a job whose S3 commits could be lost before anything is written.
 
         Raises:
+            UnsupportedStorageError: a URI holds credentials (shown redacted, masked in the log).
             UnsafeLogStoreError: the table is on S3, each job starts its own driver and no LogStore
                 coordinates drivers (see ``spark.storage.unsafe_s3_commit``), under the default
                 ``[delta_occ] unsafe_s3_commits = refuse``.
             StorageConnectionError, UnsupportedStorageError: unusable storage settings.
         """
         from airflow_delta_occ.config import unsafe_s3_commits
+        from airflow_delta_occ.engine.errors import UnsupportedStorageError
+        from airflow_delta_occ.engine.object_store import redact_uri, uri_secrets
+        from airflow_delta_occ.hooks.storage import mask_uri_secrets
         from airflow_delta_occ.spark.storage import check_s3_commits, storage_settings
 
+        mask_uri_secrets(*locations)  # a URI with credentials is refused here and never shown in the log
         used = [loc for loc in locations if loc]
+        for location in used:
+            if uri_secrets(location):
+                raise UnsupportedStorageError(f"{redact_uri(location)}: credentials do not belong in a table or "
+                                              "source URI (put them in a storage connection: storage_conn_id)")
         if used:
             warning = check_s3_commits(used[0], self.mode, self.spark_conf, unsafe_s3_commits())
             if warning:

@@ -20,13 +20,26 @@ binary              ``bytes``
 
 Timestamp partition values written without an offset are read as UTC (delta-spark writes them in
 the session time zone; run writers with ``spark.sql.session.timeZone=UTC`` as the docs advise).
+
+Text is read with the grammar of Spark's ``CAST(text AS type)`` with ANSI on, not with Python's
+``int()``, ``Decimal()``, ``float()`` or ``fromisoformat``, which accept underscores, any Unicode digit
+or space, ISO basic and week dates: ``'1_0.50'`` or ``'١٢'`` must not become a partition that Spark
+would never name. A text the engine accepts means the same value to Spark; a text Spark refuses, the
+engine refuses. The engine also refuses a few texts Spark's cast accepts: where the cast gives another
+number than the one written (a decimal with more places than the scale, which it rounds; a FLOAT
+beyond its range, which becomes infinity or zero), where Spark reads the text otherwise when it
+compares it with the column (a decimal in non-ASCII digits: a comparison reads a DOUBLE, which takes
+ASCII digits only), where the value is not fixed (a time without a date is today), and time-zone names.
+``tests/unit/engine/spark_casts.py`` holds the cases measured on Spark.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import math
-from decimal import Decimal, InvalidOperation
+import re
+import struct
+from decimal import Context, Decimal, InvalidOperation, Overflow, localcontext
 from typing import Any
 
 from .errors import InvalidLiteralError
@@ -38,8 +51,39 @@ _INTEGRAL_RANGES = {
     "integer": (-(2**31), 2**31 - 1),
     "long": (-(2**63), 2**63 - 1),
 }
-_FLOAT_WORDS = {"nan": math.nan, "infinity": math.inf, "+infinity": math.inf, "-infinity": -math.inf,
-                "inf": math.inf, "-inf": -math.inf}
+#: Spark's ``UTF8String.trimAll`` (integral, date and timestamp casts): code points up to U+0020 and DEL.
+_TRIM_ALL = "".join(map(chr, range(0x21))) + "\x7f"
+#: Java's ``String.trim`` (decimal and floating-point casts): code points up to U+0020, not DEL.
+_JAVA_TRIM = "".join(map(chr, range(0x21)))
+#: ASCII digits only: ``[0-9]``, never ``\d``, which matches every Unicode digit.
+_INTEGRAL_TEXT = re.compile(r"[+-]?[0-9]+")
+#: ``java.math.BigDecimal(String)``, restricted to ASCII digits (see the module docstring).
+_DECIMAL_TEXT = re.compile(
+    r"[+-]?(?:[0-9]+\.?(?P<frac>[0-9]*)|\.(?P<frac2>[0-9]+))(?:[eE](?P<exp>[+-]?[0-9]+))?"
+)
+#: ``Double.parseDouble``: decimal or hexadecimal (binary exponent required), an optional type suffix.
+_FLOAT_TEXT = re.compile(
+    r"[+-]?(?:NaN|Infinity"
+    r"|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[fFdD]?"
+    r"|(?P<hex>0[xX](?:[0-9a-fA-F]+\.?|[0-9a-fA-F]*\.[0-9a-fA-F]+)[pP][+-]?[0-9]+)[fFdD]?)"
+)
+#: What Spark's cast takes, case-insensitively, when ``Double.parseDouble`` does not.
+_FLOAT_WORDS = {"inf": math.inf, "+inf": math.inf, "infinity": math.inf, "+infinity": math.inf,
+                "-inf": -math.inf, "-infinity": -math.inf, "nan": math.nan}
+#: Spark's ``stringToDate``: year (4 to 7 digits), month, day; after the day a space or ``T`` ends it.
+_DATE_TEXT = re.compile(r"\+?(?P<y>[0-9]{4,7})(?:-(?P<m>[0-9]{1,2})(?:-(?P<d>[0-9]{1,2})(?:[ T].*)?)?)?", re.DOTALL)
+#: A subset of Spark's ``stringToTimestamp``: no time-zone names, no time without a date, and an
+#: offset (``Z``, ``UTC``, ``+h``, ``+hh:mm``, ``+hhmm``) only after the seconds, as Spark requires.
+_TIMESTAMP_TEXT = re.compile(
+    r"\+?(?P<y>[0-9]{4,7})(?:-(?P<m>[0-9]{1,2})(?:-(?P<d>[0-9]{1,2})"
+    r"(?:[ T](?P<H>[0-9]{1,2})(?::(?P<M>[0-9]{1,2})(?::(?P<S>[0-9]{1,2})(?:\.(?P<f>[0-9]*))?"
+    r"(?: ?(?P<zone>Z|UTC|(?P<sign>[+-])"
+    r"(?:(?P<oh>[0-9]{1,2})(?::(?P<om>[0-9]{2}))?|(?P<oh4>[0-9]{2})(?P<om4>[0-9]{2}))))?"
+    r")?)?)?)?)?"
+)
+#: Room for any Delta decimal (precision up to 38) and its exponent, so no digit is lost on the way.
+_DECIMAL_CONTEXT = Context(prec=80, Emax=999_999, Emin=-999_999, traps=[InvalidOperation, Overflow])
+_INT32 = 2**31
 
 #: Types whose values the engine can order and compare; other columns are never pruned on.
 COMPARABLE_TYPES = frozenset(
@@ -126,7 +170,7 @@ def coerce_literal(value: Any, data_type: DataType, column: str | None = None) -
     name = data_type.name
     try:
         if isinstance(value, str):
-            return _from_text(value, data_type, strict_ints=True)
+            return _from_text(value, data_type)
         if isinstance(value, bool):
             if name == "boolean":
                 return value
@@ -163,27 +207,24 @@ def coerce_literal(value: Any, data_type: DataType, column: str | None = None) -
     raise InvalidLiteralError(value, data_type.simple_string(), column)
 
 
-def _from_text(text: str, data_type: DataType, *, strict_ints: bool = False) -> Any:
+def _from_text(text: str, data_type: DataType) -> Any:
     name = data_type.name
     if name == "string":
         return text
     if name in INTEGRAL_TYPES:
-        stripped = text.strip()
-        if strict_ints and not stripped.lstrip("+-").isdigit():
-            raise ValueError(f"not an integer: {text!r}")
-        return _check_range(int(stripped), name)
+        return _check_range(_parse_integral(text), name)
     if name in ("float", "double"):
-        word = _FLOAT_WORDS.get(text.strip().lower())
-        return word if word is not None else float(text)
+        value = _parse_double(text)
+        return _check_float32(value) if name == "float" else value
     if isinstance(data_type, DecimalType):
-        return _quantize(Decimal(text.strip()), data_type)
+        return _quantize(_parse_decimal(text), data_type)
     if name == "boolean":
         lowered = text.strip().lower()
         if lowered in ("true", "false"):
             return lowered == "true"
         raise ValueError(f"not a boolean: {text!r}")
     if name == "date":
-        return dt.date.fromisoformat(text.strip())
+        return _parse_date(text)
     if name == "timestamp":
         parsed = _parse_datetime(text)
         return parsed.replace(tzinfo=dt.UTC) if parsed.tzinfo is None else parsed.astimezone(dt.UTC)
@@ -197,13 +238,91 @@ def _from_text(text: str, data_type: DataType, *, strict_ints: bool = False) -> 
     raise ValueError(f"values of type {data_type.simple_string()} are not supported here")
 
 
+def _parse_integral(text: str) -> int:
+    """Spark's ANSI cast to an integral type: ASCII digits and a sign; no point, exponent or underscore."""
+    trimmed = text.strip(_TRIM_ALL)
+    if not _INTEGRAL_TEXT.fullmatch(trimmed):
+        raise ValueError(f"not an integer: {text!r}")
+    sign = -1 if trimmed[0] == "-" else 1
+    digits = trimmed.lstrip("+-").lstrip("0") or "0"
+    if len(digits) > 19:  # beyond any long; int() of a huge digit string costs time for nothing
+        raise ValueError(f"{text!r} is out of range")
+    return sign * int(digits)
+
+
+def _parse_decimal(text: str) -> Decimal:
+    """Spark's cast to a decimal (``BigDecimal`` of the trimmed text), before rounding to the scale."""
+    trimmed = text.strip(_JAVA_TRIM)
+    m = _DECIMAL_TEXT.fullmatch(trimmed)
+    if m is None:
+        raise ValueError(f"not a decimal number: {text!r}")
+    exponent = int(m.group("exp") or 0)
+    scale = len(m.group("frac") or m.group("frac2") or "") - exponent
+    if not -_INT32 <= exponent < _INT32 or not -_INT32 <= scale < _INT32:  # BigDecimal's int scale
+        raise ValueError(f"the exponent of {text!r} is out of range")
+    return Decimal(trimmed)
+
+
+def _parse_double(text: str) -> float:
+    """Spark's cast to DOUBLE: ``Double.parseDouble``, then the words Spark adds (``inf``, ``nan``...)."""
+    trimmed = text.strip(_JAVA_TRIM)
+    m = _FLOAT_TEXT.fullmatch(trimmed)
+    if m is None:
+        word = _FLOAT_WORDS.get(trimmed.lower())
+        if word is None:
+            raise ValueError(f"not a floating-point number: {text!r}")
+        return word
+    number = trimmed[:-1] if trimmed[-1] in "fFdD" else trimmed
+    if m.group("hex") is None:
+        value = float(number)
+        # One NaN object: literals holding NaN compare equal only by identity (see expr_json's round trip).
+        return math.nan if math.isnan(value) else value
+    try:
+        return float.fromhex(number)
+    except OverflowError:  # Java reads a huge binary exponent as infinity
+        return -math.inf if number.startswith("-") else math.inf
+
+
+def _check_float32(value: float) -> float:
+    """``value`` if Spark's FLOAT holds about that number; refused if the cast makes it infinite or zero."""
+    if not math.isfinite(value) or value == 0:
+        return value
+    try:
+        (single,) = struct.unpack("f", struct.pack("f", value))
+    except OverflowError:  # older Pythons refuse to pack what 3.11 packs as infinity
+        single = math.inf
+    if math.isinf(single):
+        raise ValueError(f"{value} is beyond the range of a float")
+    if single == 0:
+        raise ValueError(f"{value} is too small for a float: it would become 0")
+    return value
+
+
+def _parse_date(text: str) -> dt.date:
+    """Spark's cast to DATE (``stringToDate``), for the years Python's dates hold (1 to 9999)."""
+    m = _DATE_TEXT.fullmatch(text.strip(_TRIM_ALL))
+    if m is None:
+        raise ValueError(f"not a date: {text!r}")
+    return dt.date(int(m.group("y")), int(m.group("m") or 1), int(m.group("d") or 1))
+
+
 def _parse_datetime(text: str) -> dt.datetime:
-    cleaned = text.strip()
-    if cleaned.endswith(("Z", "z")):
-        cleaned = cleaned[:-1] + "+00:00"
-    if len(cleaned) == 10:  # a bare date is midnight
-        return dt.datetime.combine(dt.date.fromisoformat(cleaned), dt.time(0))
-    return dt.datetime.fromisoformat(cleaned)
+    """A subset of Spark's cast to TIMESTAMP: the forms of ``_TIMESTAMP_TEXT``, fractions truncated to µs."""
+    m = _TIMESTAMP_TEXT.fullmatch(text.strip(_TRIM_ALL))
+    if m is None:
+        raise ValueError(f"not a timestamp: {text!r}")
+    micros = int((m.group("f") or "")[:6].ljust(6, "0"))
+    tz: dt.tzinfo | None = None
+    if m.group("zone") is not None:
+        tz = dt.UTC
+        if m.group("sign") is not None:
+            hours, minutes = int(m.group("oh") or m.group("oh4")), int(m.group("om") or m.group("om4") or 0)
+            if minutes > 59 or hours * 60 + minutes > 18 * 60:  # java.time.ZoneOffset's range
+                raise ValueError(f"offset out of range: {text!r}")
+            offset = dt.timedelta(hours=hours, minutes=minutes)
+            tz = dt.timezone(-offset if m.group("sign") == "-" else offset)
+    return dt.datetime(int(m.group("y")), int(m.group("m") or 1), int(m.group("d") or 1), int(m.group("H") or 0),
+                       int(m.group("M") or 0), int(m.group("S") or 0), micros, tzinfo=tz)
 
 
 def _check_range(value: int, name: str) -> int:
@@ -214,14 +333,20 @@ def _check_range(value: int, name: str) -> int:
 
 
 def _quantize(value: Decimal, data_type: DecimalType) -> Decimal:
+    """``value`` at the column's scale; refused if that loses a digit (Spark's cast would round) or overflows.
+
+    Zero is always positive: a Spark decimal has no negative zero, and ``-0.00`` would be stored as another
+    partition value than ``0.00``.
+    """
     if not value.is_finite():
         raise ValueError("decimal must be finite")
-    quantized = value.quantize(Decimal(1).scaleb(-data_type.scale))
-    if quantized != value:
-        raise ValueError(f"{value} has more than {data_type.scale} decimal places")
-    if len(quantized.as_tuple().digits) > data_type.precision and quantized != 0:
+    if value != 0 and value.adjusted() >= data_type.precision - data_type.scale:
         raise ValueError(f"{value} exceeds precision {data_type.precision}")
-    return quantized
+    with localcontext(_DECIMAL_CONTEXT):
+        quantized = value.quantize(Decimal(1).scaleb(-data_type.scale))
+        if quantized != value:
+            raise ValueError(f"{value} has more than {data_type.scale} decimal places")
+        return quantized.copy_abs() if quantized == 0 else quantized
 
 
 def primitive(name: str) -> PrimitiveType:

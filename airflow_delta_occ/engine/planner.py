@@ -378,8 +378,17 @@ def plan_footprint(
 
     ``reads_whole_table`` says the job reads every file whatever ``predicate`` confines its changes
     to: a MERGE with a WHEN NOT MATCHED BY SOURCE clause (delta-spark's ``findTouchedFiles`` scans
-    with ``filterFiles(true)`` then), so it conflicts with every concurrent write that adds files,
-    while the files it rewrites are still only those ``predicate`` selects.
+    with ``filterFiles(true)`` then), so it conflicts with every concurrent write that adds files.
+    Such a MERGE also removes and re-adds every file of the table: measured on delta-spark 4.4, a
+    MERGE whose ON condition and every clause (NOT MATCHED BY SOURCE ... DELETE or UPDATE included)
+    are confined to one partition removes the files of every partition and copies the other
+    partitions' rows into new files there (``numTargetFilesRemoved`` = all files). So its footprint
+    removes every file of the snapshot and writes into every partition that holds one; a job that read
+    another partition fails after it (tests/spark/test_differential.py, ``MERGE_NMBS``). With deletion
+    vectors delta-spark rewrote only the confined partition, but a session setting
+    (``spark.databricks.delta.merge.deletionVectors.persistent=false``) the planner cannot see brings
+    the copying back, so the footprint is the same there (conservative). ``read_predicate`` stays
+    ``TRUE`` (what delta-spark records); the predicate only confines where the rows it inserts land.
     """
     op = Operation(operation)
     schema = PartitionSchema.of(snapshot.metadata)
@@ -387,11 +396,11 @@ def plan_footprint(
     partition_part = and_(*partition_conjuncts(expr, snapshot.partition_columns)) if expr is not None else TRUE
     reads = op not in (Operation.INSERT, Operation.SET_PROPERTIES, Operation.SCHEMA_CHANGE, Operation.CREATE_TABLE)
     files = (snapshot.files_matching(expr) if expr is not None else snapshot.files()) if reads else []
-    read_files = {f.path: f.partition_values for f in files}
-    if reads_whole_table and reads:
-        read_files = {f.path: f.partition_values for f in snapshot.files()}
+    selected = {f.path: f.partition_values for f in files}
+    read_files = {f.path: f.partition_values for f in snapshot.files()} if reads_whole_table and reads else selected
     rewrites = op in REWRITING_OPERATIONS
-    removes = {f.path: f.partition_values for f in files} if rewrites else {}
+    # A NOT MATCHED BY SOURCE MERGE rewrites every file it reads, not only those it selects (see above).
+    removes = dict(read_files if op is Operation.MERGE else selected) if rewrites else {}
     adds = op not in (Operation.SET_PROPERTIES, Operation.SCHEMA_CHANGE, Operation.CREATE_TABLE)
     # Rewritten files stay in their partitions; inserted rows go where the source sends them.
     rewritten = {freeze_partition(pv) for pv in removes.values()}

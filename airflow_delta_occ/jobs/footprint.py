@@ -3,9 +3,10 @@
 The conflict pools compare footprints before jobs run; the operator plans one in ``prepare``. What
 each operation reads and writes, as the planner needs it:
 
-* MERGE reads what its ON condition confines (the whole table with a NOT MATCHED BY SOURCE
-  clause, as delta-spark's ``findTouchedFiles`` does) and writes inside ``partitions=`` (the
-  runner refuses source rows outside them, and rows never move partitions);
+* MERGE reads what its ON condition confines and writes inside ``partitions=`` (the runner
+  refuses source rows outside them, and rows never move partitions); with a NOT MATCHED BY SOURCE
+  clause it reads the whole table, as delta-spark's ``findTouchedFiles`` does, and rewrites every
+  file of it, copying the other partitions' rows (measured on delta-spark 4.4; see ``plan_footprint``);
 * UPDATE and DELETE read and rewrite what their condition selects;
 * OPTIMIZE compacts the partitions its filter selects (Z-ordered or not);
 * an append writes only inside ``partitions=`` when given (enforced by the runner), else anywhere;

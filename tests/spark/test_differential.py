@@ -49,6 +49,7 @@ class Op:
     inserts_into_part: bool = False                       # new rows land only in partition `part`
     app_id: str | None = None                             # txnAppId of an idempotent writer
     target_alias: str | None = None                       # the MERGE target's alias in `predicate`
+    reads_whole_table: bool = False                       # a NOT MATCHED BY SOURCE MERGE: scans every file
 
 
 def _sql(template: str) -> Callable[[Any, str, int, bool], None]:
@@ -91,6 +92,18 @@ OPS = {op.name: op for op in [
        _sql("MERGE INTO {t} AS t USING (SELECT {part} AS id, {part} AS p, 5 AS v) AS s "
             "ON t.id = s.id AND t.p = {part} WHEN MATCHED THEN UPDATE SET v = s.v WHEN NOT MATCHED THEN INSERT *"),
        lambda part, partitioned: f"t.id = s.id AND t.p = {part}", inserts_into_part=True, target_alias="t"),
+    # A MERGE with a NOT MATCHED BY SOURCE clause, every clause confined to partition `part`: delta-spark 4.4
+    # scans every file (filterFiles(true)) and rewrites every file of the table, copying other partitions' rows.
+    Op("MERGE_NMBS", Operation.MERGE,
+       _sql("MERGE INTO {t} AS t USING (SELECT 900 + {part} AS id, {part} AS p, 0 AS v) AS s "
+            "ON t.id = s.id AND t.p = {part} WHEN NOT MATCHED THEN INSERT * "
+            "WHEN NOT MATCHED BY SOURCE AND (t.p = {part}) THEN DELETE"),
+       lambda part, partitioned: f"p = {part}", inserts_into_part=True, reads_whole_table=True),
+    Op("MERGE_NMBS_UPDATE", Operation.MERGE,
+       _sql("MERGE INTO {t} AS t USING (SELECT 900 + {part} AS id, {part} AS p, 0 AS v) AS s "
+            "ON t.id = s.id AND t.p = {part} WHEN NOT MATCHED THEN INSERT * "
+            "WHEN NOT MATCHED BY SOURCE AND (t.p = {part}) THEN UPDATE SET v = t.v + 1"),
+       lambda part, partitioned: f"p = {part}", inserts_into_part=True, reads_whole_table=True),
     Op("UPDATE", Operation.UPDATE, _sql("UPDATE {t} SET v = v + 1 WHERE p = {part}"),
        lambda part, partitioned: f"p = {part}"),
     Op("DELETE", Operation.DELETE, _sql("DELETE FROM {t} WHERE p = {part} AND id = {part}"),
@@ -185,6 +198,19 @@ SCENARIOS: list[tuple[str, str, bool, bool, str, bool, str | None]] = [
     ("DELETE", "MERGE_JOIN", P, False, S, DIFF, OK),
     ("OPTIMIZE", "MERGE_JOIN", P, False, S, DIFF, OK),
     ("MERGE_JOIN", "MERGE_JOIN", U, False, S, DIFF, APPEND),
+    # A NOT MATCHED BY SOURCE MERGE confined to p=2 commits first. Without deletion vectors it removes and
+    # re-adds every file of the table, p=1's too (its rows copied): a reader of p=1 sees the new p=1 files
+    # (append check, before the delete-read check), a compaction of p=1 its removed files; a blind append
+    # commits. With deletion vectors it rewrote only p=2 here (see PLANNER_CONSERVATIVE).
+    ("UPDATE", "MERGE_NMBS", P, False, S, DIFF, APPEND),
+    ("UPDATE", "MERGE_NMBS_UPDATE", P, False, S, DIFF, APPEND),
+    ("UPDATE", "MERGE_NMBS", P, False, WS, DIFF, APPEND),
+    ("UPDATE", "MERGE_NMBS", P, True, S, DIFF, OK),
+    ("OPTIMIZE", "MERGE_NMBS", P, False, S, DIFF, DELETE_READ),
+    ("INSERT", "MERGE_NMBS", P, False, S, DIFF, OK),
+    # ... or commits last, having read the whole table.
+    ("MERGE_NMBS", "UPDATE", P, False, S, DIFF, APPEND),
+    ("MERGE_NMBS", "INSERT", P, False, S, DIFF, APPEND),
 ]
 
 # Scenarios where the planner says "conflict" and delta-spark commits, with the reason; mirrored in
@@ -193,6 +219,10 @@ PLANNER_CONSERVATIVE: dict[str, str] = {
     "DELETE-vs-DELETE-unpart-dv-Serializable-diff": (
         "B's DELETE removed whole files and added none; before running, a DELETE may rewrite (add) files, "
         "and any added file conflicts on an unpartitioned table"),
+    "UPDATE-vs-MERGE_NMBS-part-dv-Serializable-diff": (
+        "with deletion vectors the NOT MATCHED BY SOURCE MERGE rewrote only its own partition, but the session "
+        "setting spark.databricks.delta.merge.deletionVectors.persistent=false (not visible to the planner) makes it "
+        "rewrite every file of the table as it does without deletion vectors"),
 }
 
 
@@ -244,6 +274,8 @@ def _engine_outcome(path: str, a: Op, part: int, partitioned: bool, staged: list
         # OPTIMIZE records exactly the files it compacts, plus its partition filter.
         removed = {x["remove"]["path"] for x in staged if "remove" in x}
         txn.track_read([f for f in txn.snapshot.files() if f.path in removed], predicate)  # type: ignore[union-attr]
+    elif a.reads_whole_table:
+        txn.read_files(None)  # findTouchedFiles: filterFiles(Seq(TrueLiteral)), every file and predicate TRUE
     elif a.kind not in (Operation.INSERT, Operation.SET_PROPERTIES, Operation.SCHEMA_CHANGE):
         txn.read_files(predicate, target_alias=a.target_alias)
     if a.app_id is not None:
@@ -290,7 +322,7 @@ def test_engine_and_planner_agree_with_delta_spark(spark: Any, base_tables: Any,
         pinned = [{"p": part}] if op.inserts_into_part and partitioned and op.kind is not Operation.REPLACE_WHERE \
             else None
         return plan_footprint(base, op.kind, op.predicate(part, partitioned), label=op.name, write_partitions=pinned,
-                              app_id=op.app_id, target_alias=op.target_alias,
+                              app_id=op.app_id, target_alias=op.target_alias, reads_whole_table=op.reads_whole_table,
                               properties={"delta.enableDeletionVectors": "true"} if op.name == "ENABLE_DV"
                               else {"team": "x"} if op.kind is Operation.SET_PROPERTIES else None)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_delta_occ.engine import DeltaLog
+from airflow_delta_occ.engine.expressions import TRUE
 from airflow_delta_occ.engine.planner import Operation, can_conflict, plan_footprint, verdict
 
 from .logbuilder import LogBuilder, add, commit_info, metadata, protocol
@@ -142,11 +143,29 @@ def test_merge_with_not_matched_by_source_reads_the_whole_table(tmp_path):
     pinned = {"write_partitions": [{"date": "2024-01-01", "country": "DE"}]}
     nmbs = fp(snap, Operation.MERGE, "country = 'DE'", reads_whole_table=True, **pinned)
     assert nmbs.read_whole_table and len(nmbs.read_files) == 4
-    assert set(nmbs.removes) == {"DE-0.parquet", "DE-1.parquet"}  # it still rewrites only its partition
+    assert nmbs.read_predicate == TRUE
     fr_update = fp(snap, Operation.UPDATE, "country = 'FR'")
     v = verdict(winner=fr_update, loser=nmbs, snapshot=snap)
     assert v.conflict and v.exception == "ConcurrentAppendException", v.reason
-    # The other order commits: the UPDATE of FR read nothing the MERGE wrote.
-    assert not verdict(winner=nmbs, loser=fr_update, snapshot=snap)
     plain = fp(snap, Operation.MERGE, "country = 'DE'", **pinned)
+    assert set(plain.removes) == {"DE-0.parquet", "DE-1.parquet"}
     assert not can_conflict(plain, fr_update, snap, "delta")
+
+
+def test_merge_with_not_matched_by_source_rewrites_every_file(tmp_path):
+    """Measured on delta-spark 4.4: such a MERGE confined to DE removes and re-adds the files of every
+    partition (FR's rows are copied), so a job that read FR fails when the MERGE commits first."""
+    snap = _table(tmp_path)
+    pinned = {"write_partitions": [{"date": "2024-01-01", "country": "DE"}]}
+    nmbs = fp(snap, Operation.MERGE, "country = 'DE'", reads_whole_table=True, **pinned)
+    assert set(nmbs.removes) == {"DE-0.parquet", "DE-1.parquet", "FR-0.parquet", "FR-1.parquet"}
+    assert sorted(p["country"] for p in nmbs.write_partitions or ()) == ["DE", "FR"]
+    fr_update = fp(snap, Operation.UPDATE, "country = 'FR'")
+    v = verdict(winner=nmbs, loser=fr_update, snapshot=snap)
+    assert v.conflict and v.exception == "ConcurrentAppendException", v.reason  # as delta-spark raised it
+    fr_optimize = fp(snap, Operation.OPTIMIZE, "country = 'FR'")
+    v = verdict(winner=nmbs, loser=fr_optimize, snapshot=snap)
+    assert v.conflict and v.exception == "ConcurrentDeleteReadException", v.reason
+    # A blind append into FR reads nothing: it commits after the MERGE, as on delta-spark.
+    fr_append = fp(snap, Operation.INSERT, write_partitions=[{"date": "2024-01-01", "country": "FR"}])
+    assert not verdict(winner=nmbs, loser=fr_append, snapshot=snap)

@@ -44,10 +44,13 @@ def pinned_settings(session: Any) -> Iterator[None]:
     Raises:
         SessionSettingError: the session refused a setting or kept another value, naming it.
     """
-    previous: dict[str, str | None] = {}
+    previous: dict[str, str | None] = {}  # only what was changed, so only that is put back
     try:
         for key, wanted in STATEMENT_SETTINGS.items():
-            previous[key] = _get(session, key)
+            current = _get(session, key)
+            if current is not None and current.lower() == wanted.lower():
+                continue  # Spark warns on every set or unset of a deprecated setting: touch none needlessly
+            previous[key] = current
             try:
                 session.conf.set(key, wanted)
             except Exception as exc:  # a Connect server's CANNOT_MODIFY_CONFIG, for one
@@ -66,7 +69,12 @@ def pinned_settings(session: Any) -> Iterator[None]:
 
 
 def _get(session: Any, key: str) -> str | None:
-    value = session.conf.get(key, None)
+    """The session's value of ``key``, its default included (``conf.get(key, None)`` gives ``None`` for
+    a setting never set); ``None`` when the session does not know the setting."""
+    try:
+        value = session.conf.get(key)
+    except Exception:  # an unknown key on another Spark version
+        return None
     return None if value is None else str(value)
 
 

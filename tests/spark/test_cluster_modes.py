@@ -298,3 +298,34 @@ def test_spark_submit_table_name_is_looked_up_on_the_cluster(spark: Any, request
     assert hook.table_location("default.only_on_the_cluster").rstrip("/").endswith(str(location))
     with pytest.raises(TableNotFoundError, match="no_such_table_on_the_cluster"):
         hook.table_location("default.no_such_table_on_the_cluster")
+
+
+@pytest.mark.parametrize("mode", ["spark-submit", "connect"])
+def test_remote_statements_mean_what_was_rendered_whatever_the_spark_conf(spark: Any, tmp_path: Path, mode: str,
+                                                                          request: pytest.FixtureRequest,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job's ``spark_conf`` flips settings that change what SQL text means (on the submitted
+    driver's SparkConf, or on the job's Connect session): the runner pins them for its statements,
+    so a DELETE of a partition whose value holds a quote deletes exactly it and an overflow fails
+    the job without writing (issue #20)."""
+    from airflow_delta_occ.engine import DeltaLog as Log
+    from airflow_delta_occ.jobs.spec import RunIdentity
+    from airflow_delta_occ.operators.delta import DeltaDeleteOperator, DeltaUpdateOperator
+
+    conn_id = _delta_conn(mode, request, monkeypatch)
+    flipped = {"spark.sql.parser.escapedStringLiterals": "true", "spark.sql.variable.substitute": "true",
+               "spark.sql.ansi.enabled": "false"}
+    hook = DeltaSparkHook(conn_id, spark_conf=flipped)  # over the connection's own spark_conf
+    hostile = "x' OR 1=1 --"
+    path = str(tmp_path / "people")
+    spark.createDataFrame([(1, 1, "DE"), (2, 2, hostile)], "id INT, v INT, country STRING") \
+        .write.format("delta").partitionBy("country").save(path)
+    run = RunIdentity("people", "t", f"remote-{mode}")
+    delete = DeltaDeleteOperator(task_id="d", table=path, partitions={"country": hostile})
+    hook.run(delete.build_spec(Log.for_table(path).snapshot(), run))
+    update = DeltaUpdateOperator(task_id="u", table=path, partitions={"country": "DE"}, set={"v": "v + 2147483647"})
+    before = Log.for_table(path).latest_version()
+    with pytest.raises(Exception, match=r"(?i)overflow"):
+        hook.run(update.build_spec(Log.for_table(path).snapshot(), RunIdentity("people", "u", f"remote-{mode}")))
+    assert Log.for_table(path).latest_version() == before
+    assert sorted(tuple(r) for r in spark.read.format("delta").load(path).collect()) == [(1, 1, "DE")]

@@ -22,16 +22,19 @@ pytestmark = pytest.mark.unit
 class _Conf:
     def __init__(self, values: dict[str, str], fixed: dict[str, str] | None = None, refuse: str | None = None):
         self.values, self.fixed, self.refuse = dict(values), dict(fixed or {}), refuse
+        self.changed: list[str] = []
 
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.values.get(key, default)
+    def get(self, key: str) -> Any:
+        return self.values.get(key)
 
     def set(self, key: str, value: str) -> None:
+        self.changed.append(key)
         if key == self.refuse:
             raise RuntimeError(f"[CANNOT_MODIFY_CONFIG] Cannot modify the value of the Spark config: {key}")
         self.values[key] = self.fixed.get(key, value)
 
     def unset(self, key: str) -> None:
+        self.changed.append(key)
         self.values.pop(key, None)
 
 
@@ -60,3 +63,12 @@ def test_the_sessions_own_values_come_back_after_the_block() -> None:
     with pinned_settings(_Session(conf)):
         assert all(conf.values[k] == v for k, v in STATEMENT_SETTINGS.items())
     assert conf.values == {"spark.sql.ansi.enabled": "false", "spark.sql.session.timeZone": "Asia/Tokyo"}
+
+
+def test_a_session_already_at_the_values_is_not_touched() -> None:
+    """Spark warns on every set or unset of a deprecated setting (escapedStringLiterals): a job whose
+    session already holds the values changes, and restores, nothing."""
+    conf = _Conf(dict(STATEMENT_SETTINGS))
+    with pinned_settings(_Session(conf)):
+        pass
+    assert conf.changed == [] and conf.values == dict(STATEMENT_SETTINGS)

@@ -85,9 +85,9 @@ def escapes(spec: JobSpec, footprint: Footprint, snapshot: Snapshot, commit: Com
             out.append(escape)
             continue
         # A NOT MATCHED BY SOURCE MERGE copies other partitions: count their rows in and out.
-        records = _records(original.stats if original is not None else None) if isinstance(action, RemoveFile) \
-            else _records(action.stats)
-        copies.setdefault(tuple(sorted(raw.items())), _Copies()).count(escape, records)
+        records = _live_records(original) if isinstance(action, RemoveFile) else _live_records(action)
+        # Keyed by every partition column: a remove may leave a NULL value out where its add lists it.
+        copies.setdefault(tuple(sorted(escape.partition.items())), _Copies()).count(escape, records)
     for partition in copies.values():
         if partition.removed is not None and partition.added is not None and partition.removed != partition.added:
             out.extend(partition.changes)
@@ -111,13 +111,19 @@ class _Copies:
             self.added = None if records is None or self.added is None else self.added + records
 
 
-def _records(stats: str | None) -> int | None:
-    """``numRecords`` of a file's statistics, if the log holds it."""
+def _live_records(file: AddFile | None) -> int | None:
+    """The rows a file holds: ``numRecords`` of its statistics less those its deletion vector deletes
+    (``None`` when the log does not say)."""
+    if file is None or not file.stats:
+        return None
     try:
-        value = json.loads(stats).get("numRecords") if stats else None
+        value = json.loads(file.stats).get("numRecords")
     except (ValueError, AttributeError):
         return None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    deleted = file.deletion_vector.cardinality if file.deletion_vector is not None else 0
+    return value - deleted
 
 
 def _inside(schema: PartitionSchema, raw: dict[str, str | None], bounds: list[Expr | None]) -> bool:

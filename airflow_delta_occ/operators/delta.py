@@ -555,17 +555,19 @@ class DeltaBaseOperator(BaseOperator):
             return result
         log = DeltaLog.for_table(prepared.location, credentials=self.hook.credentials_for(prepared.location))
         after = min(prepared.snapshot.version, result.version - 1)  # an earlier try may have committed it
-        commit = next((c for c in log.commits_after(after, until=result.version) if c.version == result.version),
-                      None)
-        tag = commit.commit_info.user_metadata if commit and commit.commit_info else None
-        if commit is None or not spec.run.tagged(tag):
+        # Every commit tagged with this run: the job's, and any Delta made in its name after it
+        # (auto-compaction carries the job's userMetadata). Each must stay in the partitions.
+        ours = [c for c in log.commits_after(after)
+                if spec.run.tagged(c.commit_info.user_metadata if c.commit_info else None)]
+        if result.version not in {c.version for c in ours}:
             raise CommitNotConfirmedError(f"version {result.version} of {prepared.location} is not tagged with run "
                                           f"{spec.run.app_id}")
         from airflow_delta_occ.jobs.verify import escapes
 
-        outside = escapes(spec, prepared.footprint, prepared.snapshot, commit)
-        if outside:
-            raise self._escaped(prepared, commit.version, outside)
+        for commit in ours:
+            outside = escapes(spec, prepared.footprint, prepared.snapshot, commit)
+            if outside:
+                raise self._escaped(prepared, commit.version, outside)
         return replace(result, confirmed=True)
 
     def _escaped(self, prepared: PreparedJob, version: int, outside: tuple[Escape, ...]

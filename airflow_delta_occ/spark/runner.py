@@ -170,11 +170,19 @@ def _write(session: Any, spec: JobSpec, source: Any, source_view: str | None) ->
 def find_commit(session: Any, spec: JobSpec, after_version: int) -> dict[str, Any] | None:
     """The newest commit of this task run (any try) in the table's history, if there is one."""
     for row in run_sql(session, f"DESCRIBE HISTORY {target_sql(spec)} LIMIT 100").collect():
-        if spec.run.tagged(row["userMetadata"]):
+        if spec.run.tagged(row["userMetadata"]) and not _auto_compaction(row):
             return {"version": int(row["version"]), "operation": row["operation"],
                     "metrics": dict(row["operationMetrics"] or {}),
                     "user_metadata": row["userMetadata"], "new": int(row["version"]) > after_version}
     return None
+
+
+def _auto_compaction(row: Any) -> bool:
+    """Whether a history row is Delta's auto-compaction, which follows a job's commit with the job's own
+    ``userMetadata`` (``delta.autoOptimize.autoCompact``): not the job's commit, whose version and
+    metrics the result reports."""
+    parameters = row["operationParameters"] or {}
+    return str(row["operation"]) == "OPTIMIZE" and str(parameters.get("auto", "")).lower() == "true"
 
 
 def run_job(spark: Any, spec: JobSpec, *, sleep: Any = time.sleep) -> JobResult:

@@ -219,3 +219,33 @@ def test_commits_inside_their_partitions_are_confirmed(spark: Any, people: str) 
     assert result["confirmed"] and result["metrics"]["numRemovedFiles"] == "2", result["metrics"]
     assert table(spark, people) == [(2, 2, "n2", "DE"), (4, 5, "n4", BACKSLASH), (9, 9, "n9", HOSTILE),
                                     (10, 10, "n10", HOSTILE)]
+
+
+def test_auto_compaction_in_the_jobs_name_neither_hides_an_escape_nor_replaces_the_jobs_commit(
+        spark: Any, tmp_path: Any, context_conf: Any) -> None:
+    """Delta's auto-compaction commits right after the job with the job's userMetadata: the result
+    reports the job's own commit, and every commit in the run's name is checked."""
+    from airflow_delta_occ.exceptions import CommitOutsidePartitionsError
+    from airflow_delta_occ.spark.runner import run_job
+
+    path = str(tmp_path / "compacted")
+    spark.sql(f"CREATE TABLE delta.`{path}` (id INT, v INT, country STRING) USING delta PARTITIONED BY (country) "
+              "TBLPROPERTIES (delta.autoOptimize.autoCompact = true)")
+    for i in range(4):
+        spark.sql(f"INSERT INTO delta.`{path}` VALUES ({i}, 0, 'DE'), ({10 + i}, 0, 'FR')")
+    context_conf("spark.databricks.delta.autoCompact.minNumFiles", "2")
+    update = DeltaUpdateOperator(task_id="u", table=path, partitions={"country": "DE"}, where="id = 0",
+                                 set={"v": "v + 1"})
+    result = update.execute(context("u"))
+    history = {r["version"]: r["operation"] for r in spark.sql(f"DESCRIBE HISTORY delta.`{path}`").collect()}
+    assert history[result["version"]] == "UPDATE" and "OPTIMIZE" in history.values(), history
+    assert result["confirmed"] and result["metrics"]["numUpdatedRows"] == "1"
+
+    planned = DeltaUpdateOperator(task_id="e", table=path, partitions={"country": "DE"}, where="id = 1",
+                                  set={"v": "v + 1"})
+    prepared = planned.prepare(context("e"))
+    ran = DeltaUpdateOperator(task_id="e", table=path, partitions={"country": ["DE", "FR"]}, where="id IN (1, 11)",
+                              set={"v": "v + 1"}).build_spec(prepared.snapshot, prepared.spec.run)
+    escaped = run_job(spark, ran).raise_for_status()
+    with pytest.raises(CommitOutsidePartitionsError, match="country=FR"):
+        planned.confirm(prepared, escaped)

@@ -17,7 +17,7 @@ from airflow_delta_occ.jobs.spec import RunIdentity
 from airflow_delta_occ.jobs.verify import escapes
 from airflow_delta_occ.operators.delta import DeltaDeleteOperator, DeltaMergeOperator
 
-from ..engine.logbuilder import LogBuilder, add, commit_info, metadata, protocol, remove
+from ..engine.logbuilder import LogBuilder, add, commit_info, dv, metadata, protocol, remove
 
 pytestmark = pytest.mark.unit
 RUN = RunIdentity("sales", "task", "manual__1")
@@ -25,11 +25,13 @@ DE = {"date": "2024-01-01", "country": "DE"}
 FR = {"date": "2024-01-01", "country": "FR"}
 
 
-def judged(tmp_path: Path, op: Any, *actions: dict[str, Any]) -> list[tuple[str, str | None]]:
+def judged(tmp_path: Path, op: Any, *actions: dict[str, Any], fr_dv: dict[str, Any] | None = None
+           ) -> list[tuple[str, str | None]]:
     b = LogBuilder(tmp_path / "t")
     b.commit(commit_info("CREATE TABLE"), protocol(), metadata())
-    b.commit(commit_info(), add("de.parquet", DE, stats={"numRecords": 2}), add("fr.parquet", FR,
-                                                                                stats={"numRecords": 3}))
+    b.commit(commit_info(), add("de.parquet", DE, stats={"numRecords": 2}),
+             add("fr.parquet", FR, stats={"numRecords": 3}, dv=fr_dv),
+             add("null.parquet", {"date": "2024-01-01", "country": None}, stats={"numRecords": 2}))
     log = DeltaLog.for_table(b.root)
     snapshot = log.snapshot()
     spec = op.build_spec(snapshot, RUN)
@@ -71,6 +73,20 @@ def test_a_not_matched_by_source_merge_may_copy_other_partitions_row_for_row(tmp
 def test_a_not_matched_by_source_merge_that_drops_rows_elsewhere_is_named(tmp_path: Path) -> None:
     dropped = judged(tmp_path, nmbs_merge_de(), remove("fr.parquet"), add("fr2.parquet", FR, stats={"numRecords": 1}))
     assert dropped == [("removed", "FR"), ("added", "FR")]
+
+
+def test_a_copied_null_partition_whose_remove_leaves_the_null_out_is_a_copy(tmp_path: Path) -> None:
+    """delta-spark writes a remove's NULL partition values by leaving them out, its add's as null."""
+    bare = remove("null.parquet")
+    bare["remove"]["partitionValues"] = {"date": "2024-01-01"}
+    assert judged(tmp_path, nmbs_merge_de(), bare, add("null2.parquet", {"date": "2024-01-01", "country": None},
+                                                        stats={"numRecords": 2})) == []
+
+
+def test_rows_a_deletion_vector_deleted_are_not_counted_as_copied(tmp_path: Path) -> None:
+    copied = judged(tmp_path, nmbs_merge_de(), remove("fr.parquet"), add("fr2.parquet", FR, stats={"numRecords": 2}),
+                    fr_dv=dv("abc", cardinality=1))
+    assert copied == []
 
 
 def test_an_escaped_commit_is_never_retried_at_the_task_level() -> None:

@@ -233,9 +233,11 @@ def parse_expression(text: Any, what: str) -> Expr:
     if not isinstance(text, str) or not text.strip():
         raise UnsafeExpressionError(f"{what} must be a non-empty SQL expression, got {_short(text)}")
     try:
-        return parse_predicate(text)
+        tree = parse_predicate(text)
     except PredicateError as exc:
         raise UnsafeExpressionError(f"{what} is not accepted: {exc}") from exc
+    refuse_substitution(to_sql(tree), what)  # '\u0024{' or '$' '{' spell the marker in the rendered text
+    return tree
 
 
 def render_expression(text: Any, what: str) -> str:

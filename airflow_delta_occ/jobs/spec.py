@@ -225,6 +225,10 @@ class JobSpec:
             if missing:
                 raise JobSpecError("the partition predicate is not a top-level conjunct of the condition: "
                                    + ", ".join(to_sql(c) for c in missing))
+        for i, clause in enumerate(self.clauses):
+            # Every row of another partition is "not matched by source": such a clause carries the predicate too.
+            if clause.kind.startswith("not_matched_by_source"):
+                _check_carries(clause.condition, self.partition_filter, alias, f"clauses[{i}] ({clause.kind})")
         writes_source = self.operation in ("append", "overwrite_partitions") or any(
             c.kind in ("matched_update_all", "not_matched_insert_all", "not_matched_insert") for c in self.clauses)
         if writes_source and self.source_check is None:
@@ -287,6 +291,19 @@ def canonical_tree(tree: Expr, what: str) -> Expr:
     if not same:
         raise JobSpecError(f"{what} does not render to SQL that parses back to the same statement")
     return reparsed
+
+
+def _check_carries(condition: str | None, predicate: Expr, alias: str | None, what: str) -> None:
+    """``condition`` (SQL text) has every conjunct of ``predicate`` among its top-level conjuncts."""
+    try:
+        tree = parse_predicate(condition) if condition else None
+    except (PredicateError, RecursionError) as exc:
+        raise JobSpecError(f"{what} condition is not accepted: {exc}") from exc
+    held = {to_sql(c, qualifier=alias) for c in split_conjuncts(tree)} if tree is not None else set()
+    missing = [c for c in split_conjuncts(predicate) if to_sql(c, qualifier=alias) not in held]
+    if missing:
+        raise JobSpecError(f"{what} does not carry the partition predicate as a top-level conjunct (it would apply to "
+                           "every row of every other partition): " + ", ".join(to_sql(c) for c in missing))
 
 
 def _check_canonical_text(text: Any, what: str) -> None:

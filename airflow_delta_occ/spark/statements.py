@@ -30,6 +30,11 @@ STATEMENT_SETTINGS: Mapping[str, str] = {
     "spark.sql.storeAssignmentPolicy": "ANSI",
     "spark.sql.caseSensitive": "false",
     "spark.sql.parser.quotedRegexColumnNames": "false",
+    # The types of the literals an author writes: ``1e3`` a DOUBLE, ``1E+10BD`` a decimal of scale 0 or
+    # more, ``CAST('ab' AS CHAR(3))`` a padded STRING (each legacy value changes a comparison's result).
+    "spark.sql.legacy.exponentLiteralAsDecimal.enabled": "false",
+    "spark.sql.legacy.allowNegativeScaleOfDecimal": "false",
+    "spark.sql.preserveCharVarcharTypeInfo": "false",
     # The operator renders timestamp literals and typed partition values in UTC: the job reads them in
     # UTC in every mode (a Connect server or a cluster may default to another zone).
     "spark.sql.session.timeZone": "UTC",

@@ -32,6 +32,9 @@ FLIPPED = {
     "spark.sql.storeAssignmentPolicy": "LEGACY",
     "spark.sql.caseSensitive": "true",
     "spark.sql.parser.quotedRegexColumnNames": "true",
+    "spark.sql.legacy.exponentLiteralAsDecimal.enabled": "true",
+    "spark.sql.legacy.allowNegativeScaleOfDecimal": "true",
+    "spark.sql.preserveCharVarcharTypeInfo": "true",
 }
 # The builder's session options (UTC, see spark.session) reach every new session over the SparkContext's
 # conf, so the time zone cannot be flipped this way; the pinned_settings test flips it on a session.

@@ -58,9 +58,15 @@ def test_tampered_specs_are_refused(table: tuple[str, Snapshot]) -> None:
     d = spec_json(DeltaDeleteOperator(task_id="d", table=path, where="id = 1", partitions=DE), snap)
     d["partitions"] = {"country": ["FR"]}
     tampered.append(d)
-    for data in tampered:
+    d = spec_json(DeltaMergeOperator(task_id="m", table=path, source="/s", merge_condition="t.id = s.id",
+                                     partitions=DE, clauses=[{"kind": "not_matched_by_source_update",
+                                                              "set": {"name": "'gone'"}}]), snap)
+    d["clauses"][0]["condition"] = None  # every row of every other partition is "not matched by source"
+    tampered.append(d)
+    for i, data in enumerate(tampered):
         with pytest.raises(JobSpecError):
             JobSpec.from_json(json.dumps(data))
+            pytest.fail(f"tampered spec {i} accepted")
 
 
 def test_numbers_beyond_int_range_keep_working(table: tuple[str, Snapshot]) -> None:

@@ -74,6 +74,12 @@ def test_the_error_is_the_statement_text_error_for_plain_values() -> None:
         DeltaDeleteOperator(task_id="d", table="/lake/${env:T}", where="id = 1")
 
 
+@pytest.mark.parametrize("where", ["name = '\\u0024{env:Q}'", "name = '\\044{env:Q}'", "name = '$' '{env:Q}'"])
+def test_escapes_that_spell_the_marker_fail_at_dag_parse_time(where: str) -> None:
+    with pytest.raises(StatementTextError, match="where"):
+        DeltaDeleteOperator(task_id="d", table="/lake/sales", where=where)
+
+
 def test_a_dollar_or_a_brace_alone_is_data() -> None:
     DeltaDeleteOperator(task_id="d", table="/lake/sales", partitions={"country": "$5 {x}"})
     DeltaUpdateOperator(task_id="u", table="/lake/sales", set={"name": "'{a} $ b'"}, where="name = '$'")
@@ -92,9 +98,13 @@ def test_a_templated_value_is_checked_when_the_job_is_built(sales_log: tuple[str
 
 
 def test_string_literals_spark_would_join_into_a_marker_are_refused(sales_log: tuple[str, Snapshot]) -> None:
-    """``'$' '{env:Q}'`` holds no marker as typed, but the rendered statement would: judge the rendering."""
+    """``'$' '{env:Q}'`` holds no marker as typed, but the rendered statement would: judge the rendering,
+    at DAG parse time, and again when a templated value is built."""
     path, snapshot = sales_log
-    op = DeltaUpdateOperator(task_id="u", table=path, set={"country": "'$' '{env:Q}'"}, where="id = 1")
+    with pytest.raises(StatementTextError):
+        DeltaUpdateOperator(task_id="u", table=path, set={"country": "'$' '{env:Q}'"}, where="id = 1")
+    op = DeltaUpdateOperator(task_id="u", table=path, set={"country": "{{ params.v }}"}, where="id = 1")
+    op.set = {"country": "'$' '{env:Q}'"}
     with pytest.raises(StatementTextError):
         op.build_spec(snapshot, RUN)
 

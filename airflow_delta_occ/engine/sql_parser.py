@@ -642,6 +642,12 @@ class _Parser:
                     part += " TO " + self.advance().text.upper()
             elif value.kind == "number":
                 raise self.error(f"expected an interval unit, found {self.found()}")
+            elif parts or self.tok.kind == "string":
+                # Spark takes a string without a unit only as the whole interval ('1 day 2 hours').
+                raise self.error("an interval string without a unit must be the interval's only part", value)
+            else:
+                parts.append(part)
+                break
             parts.append(part)
         if not parts:
             raise self.error("expected a value after INTERVAL", start)

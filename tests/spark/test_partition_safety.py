@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from airflow_delta_occ.engine import DeltaLog, DeltaOccError
@@ -244,6 +244,10 @@ def test_known_attacks_are_refused_or_confined(spark: Any, sales: str, where: st
 
 @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(FRAGMENTS, min_size=1, max_size=14).map("".join))
+# Found by this test in CI: the parser took a string after an interval's unit as another part, and
+# rendered text Spark's parser refuses (a string without a unit is only ever a whole interval).
+@example("INTERVAL '1' DAY''")
+@example("INTERVAL '1' DAY'DE'")
 def test_generated_hostile_conditions_never_escape_the_partition_predicate(spark: Any, sales: str,
                                                                             where: str) -> None:
     _check(spark, sales, where)

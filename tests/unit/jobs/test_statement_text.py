@@ -134,3 +134,10 @@ def test_a_spec_with_a_marker_is_refused_however_it_was_built(case: str) -> None
     fields.update(SPEC_CASES[case]("${env:Q}"))
     with pytest.raises(StatementTextError):
         JobSpec(**fields)
+
+
+@pytest.mark.parametrize("where", ["d > INTERVAL '1' DAY''", "d > INTERVAL '1' DAY 'DE'", "d > INTERVAL '1 day' ''"])
+def test_an_interval_string_without_a_unit_is_only_a_whole_interval(where: str) -> None:
+    """Spark reads ``INTERVAL '1' DAY ''`` as a syntax error; the provider must not render it."""
+    with pytest.raises(UnsafeExpressionError, match="interval"):
+        DeltaDeleteOperator(task_id="d", table="/lake/sales", where=where)

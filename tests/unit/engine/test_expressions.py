@@ -171,9 +171,9 @@ def test_bind_errors_name_the_column() -> None:
     with pytest.raises(InvalidLiteralError, match="column 'id'"):
         b("id = 'abc'")
     with pytest.raises(InvalidLiteralError, match="column 'id'"):
-        b("id = 1.5")
+        b("id = DATE'2024-01-01'")  # Spark: DATATYPE_MISMATCH
     with pytest.raises(InvalidLiteralError, match="column 'amount'"):
-        b("amount = 1.234")
+        b("amount = 'abc'")  # compared as DOUBLE: Spark's cast fails
     with pytest.raises(PredicateError, match="used as a condition"):
         b("name")
 

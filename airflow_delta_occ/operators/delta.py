@@ -20,9 +20,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_delta_occ import config
-from airflow_delta_occ.engine.constraints import confining_conjuncts
-from airflow_delta_occ.engine.expressions import is_deterministic
-from airflow_delta_occ.engine.sql_parser import render_identifier, to_sql
+from airflow_delta_occ.engine.sql_parser import to_sql
 from airflow_delta_occ.exceptions import (
     CommitNotConfirmedError,
     CommitOutsidePartitionsError,
@@ -31,32 +29,26 @@ from airflow_delta_occ.exceptions import (
     JobSpecError,
     LeaseLostError,
     LeaseStoreError,
-    MissingPartitionConstraintError,
 )
 from airflow_delta_occ.hooks.delta import DeltaSparkHook
 from airflow_delta_occ.hooks.leases import DeltaLeaseStoreHook
-from airflow_delta_occ.jobs.checks import (
-    check_clauses,
-    check_one_source,
-    check_sql_text,
-    column_name,
-    is_partition_column,
-    refuse_moving_rows,
-    sql_file,
-    templated,
-    typed_operands,
+from airflow_delta_occ.jobs.build import (
+    SOURCE_OUTSIDE_ACTIONS,
+    AppendArguments,
+    DeleteArguments,
+    MergeArguments,
+    OperationArguments,
+    OptimizeArguments,
+    OverwritePartitionsArguments,
+    TargetArguments,
+    UpdateArguments,
+    build_spec,
+    source_ref,
 )
-from airflow_delta_occ.jobs.partitions import (
-    PartitionFilter,
-    build_partition_filter,
-    conjoin,
-    conjoin_exprs,
-    parse_expression,
-    partitions_mapping,
-    render_expression,
-)
+from airflow_delta_occ.jobs.checks import check_clauses, check_one_source, check_sql_text, sql_file, templated
+from airflow_delta_occ.jobs.partitions import parse_expression, partitions_mapping
 from airflow_delta_occ.jobs.result import JobResult
-from airflow_delta_occ.jobs.spec import JobSpec, MergeClause, RunIdentity, SourceRef, TableRef
+from airflow_delta_occ.jobs.spec import JobSpec, RunIdentity, TableRef
 from airflow_delta_occ.jobs.sql import target_sql
 from airflow_delta_occ.jobs.text import refuse_substitution
 from airflow_delta_occ.operators.lineage import DeltaJobLineage, lineage_of, operator_lineage, schema_columns
@@ -71,7 +63,6 @@ if TYPE_CHECKING:  # the engine loads pyarrow: imported when a table is read, no
     from airflow.sdk import Context
 
     from airflow_delta_occ.engine import Snapshot
-    from airflow_delta_occ.engine.expressions import Expr
     from airflow_delta_occ.engine.planner import Footprint
     from airflow_delta_occ.jobs.verify import Escape
     from airflow_delta_occ.pools.config import Pool
@@ -246,26 +237,6 @@ class DeltaBaseOperator(BaseOperator):
             return self.table
         return self.hook.table_location(str(self.table_name))
 
-    def _partition_filter(self, snapshot: Snapshot) -> PartitionFilter:
-        return build_partition_filter(snapshot.schema, snapshot.partition_columns, self.partitions)
-
-    def _check_constrained(self, snapshot: Snapshot, condition: Expr | None, alias: str | None) -> None:
-        """Warn, or refuse under ``strict_partitions``, when the final condition confines no partition."""
-        if not snapshot.partition_columns:
-            return
-        if condition is not None:
-            expr = snapshot.bind(condition, target_alias=alias)
-            types = {c: f.type for c in snapshot.partition_columns if (f := snapshot.schema.find(c)) is not None}
-            if confining_conjuncts(expr, types):
-                return
-        message = (f"{self.operation.upper()} on {self.table or self.table_name} is not confined to partitions "
-                   f"({', '.join(snapshot.partition_columns)}): Delta will treat it as reading every partition, "
-                   "so any concurrent write to this table makes it fail with ConcurrentAppendException. "
-                   "Pass partitions={...} to confine it.")
-        if self.strict_partitions:
-            raise MissingPartitionConstraintError(message)
-        self.log.warning(message)
-
     def _run_identity(self, context: Any) -> RunIdentity:
         ti = context["ti"]
         try_number = int(getattr(ti, "try_number", 1) or 1)
@@ -287,6 +258,22 @@ class DeltaBaseOperator(BaseOperator):
                            map_index=getattr(ti, "map_index", -1), try_number=try_number, first_try=first_try)
 
     def build_spec(self, snapshot: Snapshot, run: RunIdentity) -> JobSpec:
+        """The job this task runs on ``snapshot`` (pure: see ``jobs/build.py``)."""
+        return build_spec(self.target_arguments(), self.arguments(), snapshot, run, warn=self.log.warning)
+
+    def target_arguments(self) -> TargetArguments:
+        """The rendered arguments every operation shares, with the layered retry policies."""
+        table = TableRef(path=self.table) if self.table is not None else TableRef(name=self.table_name)
+        return TargetArguments(table=table, partitions=self.partitions, strict_partitions=self.strict_partitions,
+                               source_outside=self.source_outside_partitions, idempotent=self.idempotent,
+                               retry_policies=self.retry_policies())
+
+    def retry_policies(self) -> dict[str, dict[str, Any]]:
+        """The platform's ``[delta_occ] conflict_policies`` under this task's ``conflict_policies=``."""
+        return layer_overrides(config.conflict_policies(), self._policy_overrides)
+
+    def arguments(self) -> OperationArguments:
+        """This operation's own rendered arguments."""
         raise NotImplementedError
 
     # -- running: prepare -> run -> confirm -------------------------------------------------------
@@ -588,15 +575,6 @@ class DeltaBaseOperator(BaseOperator):
         self.log.error("%s", message)
         return CommitOutsidePartitionsError(message, version=version, partitions=partitions, restore=restore)
 
-    def _target(self) -> TableRef:
-        return TableRef(path=self.table) if self.table is not None else TableRef(name=self.table_name)
-
-    def _common(self, snapshot: Snapshot, run: RunIdentity, pfilter: PartitionFilter) -> dict[str, Any]:
-        policies = layer_overrides(config.conflict_policies(), self._policy_overrides)
-        return {"target": self._target(), "run": run, "idempotent": self.idempotent, "retry_policies": policies,
-                "source_outside": self.source_outside_partitions, "partition_filter": pfilter.to_expr(),
-                "partitions": pfilter.serialized()}
-
 
 def _check_retry_policy(where: str, policy: Any) -> None:
     """A ``retry_policy`` must be an Airflow ``RetryPolicy``: anything else makes Airflow log "Retry policy
@@ -613,17 +591,6 @@ def _default_retries(kwargs: dict[str, Any], default_args: Mapping[str, Any] | N
     (or the DAG's ``default_args``) sets it, a Delta task gets ``[delta_occ] task_retries``."""
     if "retries" not in kwargs and "retries" not in (default_args or {}):
         kwargs["retries"] = config.task_retries()
-
-
-SOURCE_OUTSIDE_ACTIONS = ("fail", "drop")
-# Clauses whose rows come from the source: the partition values they write.
-_WRITES_FROM_SOURCE_ALL = frozenset({"matched_update_all", "not_matched_insert_all"})
-
-
-def _source(source: str | None, source_table: str | None, source_query: str | None, source_format: str
-            ) -> SourceRef:
-    check_one_source("the job", source, source_table, source_query)
-    return SourceRef(path=source, table=source_table, query=source_query, format=source_format)
 
 
 class DeltaMergeOperator(DeltaBaseOperator):
@@ -665,60 +632,10 @@ class DeltaMergeOperator(DeltaBaseOperator):
         self.source_format = source_format
         self.target_alias, self.source_alias = target_alias, source_alias
 
-    def build_spec(self, snapshot: Snapshot, run: RunIdentity) -> JobSpec:
-        on = parse_expression(self.merge_condition, "merge_condition")
-        pfilter = self._partition_filter(snapshot)
-        confined = pfilter.to_expr(self.target_alias)
-        condition = conjoin_exprs(on, pfilter.to_expr(self.target_alias))
-        self._check_constrained(snapshot, condition, self.target_alias)
-        clauses = []
-        writes: list[dict[str, str]] = []
-        source_prefix = f"{render_identifier(self.source_alias)}."
-        for i, c in enumerate(check_clauses(self.clauses)):
-            kind = c["kind"]
-            tree = parse_expression(c["condition"], f"clauses[{i}].condition") if c.get("condition") else None
-            if kind.startswith("not_matched_by_source"):  # rows of other partitions are "not matched by source" too
-                tree = conjoin_exprs(confined, tree)
-            cond = to_sql(tree) if tree is not None else None
-            values: dict[str, str] = {}
-            for key, value in (c.get("set") or {}).items():
-                name = column_name(snapshot, key, f"clauses[{i}].set")
-                if name in values:
-                    raise JobSpecError(f"clauses[{i}].set names {name!r} twice")
-                expr = parse_expression(str(value), f"clauses[{i}].set[{key}]")
-                if pfilter and kind != "not_matched_insert":
-                    refuse_moving_rows(snapshot, name, f"clauses[{i}] ({kind})")
-                if pfilter and kind == "not_matched_insert" and is_partition_column(snapshot, name) \
-                        and not is_deterministic(expr):
-                    raise JobSpecError(f"clauses[{i}].set[{key}] writes partition column {name!r} with a "
-                                       "non-deterministic expression: the rows it inserts cannot be checked "
-                                       "against partitions= before they are written")
-                values[name] = to_sql(expr)
-            if kind in _WRITES_FROM_SOURCE_ALL:
-                writes.append({c: source_prefix + render_identifier(c) for c in pfilter.columns})
-            elif kind == "not_matched_insert" and pfilter:
-                missing = [c for c in pfilter.columns if c not in values]
-                if missing:
-                    raise JobSpecError(f"clauses[{i}] (not_matched_insert) does not set partition column(s) "
-                                       f"{', '.join(missing)}: its rows would land outside the partitions")
-                writes.append({c: f"({values[c]})" for c in pfilter.columns})
-            clauses.append(MergeClause(kind=kind, condition=cond, set=values))
-        if not pfilter and any(c.kind.startswith("not_matched_by_source") for c in clauses):
-            message = ("a MERGE with NOT MATCHED BY SOURCE clauses and no partitions= applies them to every row of "
-                       "the table that the source does not match, in every partition")
-            if self.strict_partitions:
-                raise MissingPartitionConstraintError(message + "; pass partitions= to confine it")
-            self.log.warning(message)
-        if self.strict_partitions and not pfilter:
-            raise MissingPartitionConstraintError(
-                "strict_partitions needs partitions= on a MERGE: only then are its NOT MATCHED BY SOURCE clauses and "
-                "its source rows confined too, not just its ON condition")
-        checks = list(dict.fromkeys(pfilter.over(typed_operands(w, pfilter), w) for w in writes)) if pfilter else []
-        return JobSpec(operation="merge", **self._common(snapshot, run, pfilter),
-                       source=_source(self.source, self.source_table, self.source_query, self.source_format),
-                       condition=condition, clauses=tuple(clauses),
-                       target_alias=self.target_alias, source_alias=self.source_alias,
-                       source_check=conjoin(*checks), source_values=writes[0] if checks else {})
+    def arguments(self) -> MergeArguments:
+        return MergeArguments(merge_condition=self.merge_condition,
+                              source=source_ref(self.source, self.source_table, self.source_query, self.source_format),
+                              clauses=self.clauses, target_alias=self.target_alias, source_alias=self.source_alias)
 
 
 class DeltaUpdateOperator(DeltaBaseOperator):
@@ -738,20 +655,8 @@ class DeltaUpdateOperator(DeltaBaseOperator):
             parse_expression(where, "where")
         self.set, self.where = dict(set), where
 
-    def build_spec(self, snapshot: Snapshot, run: RunIdentity) -> JobSpec:
-        where = parse_expression(self.where, "where") if self.where else None
-        pfilter = self._partition_filter(snapshot)
-        condition = conjoin_exprs(where, pfilter.to_expr())
-        self._check_constrained(snapshot, condition, None)
-        values: dict[str, str] = {}
-        for key, value in self.set.items():
-            name = column_name(snapshot, key, "set")
-            if name in values:
-                raise JobSpecError(f"set names {name!r} twice")
-            if pfilter:
-                refuse_moving_rows(snapshot, name, "the UPDATE")
-            values[name] = render_expression(str(value), f"set[{key}]")
-        return JobSpec(operation="update", **self._common(snapshot, run, pfilter), condition=condition, set=values)
+    def arguments(self) -> UpdateArguments:
+        return UpdateArguments(set=self.set, where=self.where)
 
 
 class DeltaDeleteOperator(DeltaBaseOperator):
@@ -768,14 +673,8 @@ class DeltaDeleteOperator(DeltaBaseOperator):
             parse_expression(where, "where")
         self.where = where
 
-    def build_spec(self, snapshot: Snapshot, run: RunIdentity) -> JobSpec:
-        where = parse_expression(self.where, "where") if self.where else None
-        pfilter = self._partition_filter(snapshot)
-        condition = conjoin_exprs(where, pfilter.to_expr())
-        if condition is None:
-            raise JobSpecError("DeltaDeleteOperator needs where= or partitions= (deleting everything is refused)")
-        self._check_constrained(snapshot, condition, None)
-        return JobSpec(operation="delete", **self._common(snapshot, run, pfilter), condition=condition)
+    def arguments(self) -> DeleteArguments:
+        return DeleteArguments(where=self.where)
 
 
 class DeltaOptimizeOperator(DeltaBaseOperator):
@@ -793,21 +692,8 @@ class DeltaOptimizeOperator(DeltaBaseOperator):
         refuse_substitution(list(zorder_by), "zorder_by", rendered=False)
         self.zorder_by = list(zorder_by)
 
-    def build_spec(self, snapshot: Snapshot, run: RunIdentity) -> JobSpec:
-        pfilter = self._partition_filter(snapshot)
-        columns: list[str] = []
-        for column in self.zorder_by:
-            name = column_name(snapshot, column, "zorder_by")
-            if is_partition_column(snapshot, name):
-                raise JobSpecError(f"zorder_by column {column!r} is a partition column; Z-ordering applies within "
-                                   "a partition")
-            if name in columns:
-                raise JobSpecError(f"zorder_by names {name!r} twice")
-            columns.append(name)
-        condition = pfilter.to_expr()
-        self._check_constrained(snapshot, condition, None)
-        return JobSpec(operation="optimize", **self._common(snapshot, run, pfilter), condition=condition,
-                       zorder_by=tuple(columns))
+    def arguments(self) -> OptimizeArguments:
+        return OptimizeArguments(zorder_by=tuple(self.zorder_by))
 
 
 class DeltaAppendOperator(DeltaBaseOperator):
@@ -826,21 +712,9 @@ class DeltaAppendOperator(DeltaBaseOperator):
         self.source, self.source_table, self.source_query = source, source_table, source_query
         self.source_format = source_format
 
-    def _source_check(self, pfilter: PartitionFilter) -> dict[str, Any]:
-        if not pfilter:
-            return {}
-        values = {c: f"`s`.{render_identifier(c)}" for c in pfilter.columns}
-        return {"source_check": pfilter.over(typed_operands(values, pfilter), values), "source_values": values}
-
-    def build_spec(self, snapshot: Snapshot, run: RunIdentity) -> JobSpec:
-        pfilter = self._partition_filter(snapshot)
-        if self.strict_partitions and snapshot.partition_columns and not pfilter:
-            raise MissingPartitionConstraintError(
-                f"strict_partitions needs partitions= on an append to {self.table or self.table_name}: only then are "
-                "its rows checked to land in the partitions it names")
-        return JobSpec(operation="append", **self._common(snapshot, run, pfilter),
-                       source=_source(self.source, self.source_table, self.source_query, self.source_format),
-                       **self._source_check(pfilter))
+    def arguments(self) -> AppendArguments | OverwritePartitionsArguments:
+        return AppendArguments(
+            source=source_ref(self.source, self.source_table, self.source_query, self.source_format))
 
 
 class DeltaOverwritePartitionsOperator(DeltaAppendOperator):
@@ -853,10 +727,6 @@ class DeltaOverwritePartitionsOperator(DeltaAppendOperator):
         if self.partitions is None:
             raise JobSpecError("DeltaOverwritePartitionsOperator needs partitions= (it must not replace everything)")
 
-    def build_spec(self, snapshot: Snapshot, run: RunIdentity) -> JobSpec:
-        pfilter = self._partition_filter(snapshot)
-        if not pfilter:
-            raise JobSpecError("DeltaOverwritePartitionsOperator needs partitions= (it must not replace everything)")
-        return JobSpec(operation="overwrite_partitions", **self._common(snapshot, run, pfilter),
-                       condition=pfilter.to_expr(), **self._source_check(pfilter),
-                       source=_source(self.source, self.source_table, self.source_query, self.source_format))
+    def arguments(self) -> OverwritePartitionsArguments:
+        return OverwritePartitionsArguments(
+            source=source_ref(self.source, self.source_table, self.source_query, self.source_format))

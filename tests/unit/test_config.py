@@ -10,7 +10,6 @@ from airflow.sdk.definitions.retry_policy import RetryAction
 
 from airflow_delta_occ.engine import ConcurrentAppendException, TableNotFoundError
 from airflow_delta_occ.exceptions import JobSpecError, PartitionSpecError
-from airflow_delta_occ.jobs.spec import RunIdentity
 from airflow_delta_occ.retry.airflow import DeltaConflictRetryPolicy
 from airflow_delta_occ.retry.classify import ConflictKind, conflict_failure
 
@@ -30,7 +29,6 @@ def test_airflow_retry_policy():
 
 def test_platform_policies_come_from_config_and_tasks_override_them(monkeypatch):
     from airflow_delta_occ.config import conflict_policies as configured_policies
-    from airflow_delta_occ.jobs.partitions import PartitionFilter
     from airflow_delta_occ.operators.delta import DeltaDeleteOperator
 
     monkeypatch.setenv("AIRFLOW__DELTA_OCC__CONFLICT_POLICIES", json.dumps(
@@ -38,7 +36,7 @@ def test_platform_policies_come_from_config_and_tasks_override_them(monkeypatch)
     assert configured_policies()["MetadataChangedException"] == {"action": "fail"}
     op = DeltaDeleteOperator(task_id="d", table="/lake/t", where="id = 1",
                              conflict_policies={"ConcurrentAppendException": {"initial_delay": 0.5}})
-    spec_policies = op._common(None, RunIdentity("d", "t", "r"), PartitionFilter(()))["retry_policies"]
+    spec_policies = op.target_arguments().retry_policies
     assert spec_policies["ConcurrentAppendException"] == {"max_attempts": 9, "initial_delay": 0.5}
     assert spec_policies["MetadataChangedException"] == {"action": "fail"}
 

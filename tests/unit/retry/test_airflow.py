@@ -39,7 +39,7 @@ def test_the_task_delay_is_the_conflict_policy_layered_over_the_platform(monkeyp
     assert decision.action is RetryAction.RETRY
     assert decision.retry_delay is not None and decision.retry_delay.total_seconds() == 21  # 7 * 3 ** (2 - 1)
     # The runner resolves the spec's policies with the same function and gets the same answer.
-    assert op.retry_policy.policies == policies_for("merge", op._common(None, None, _no_partitions())["retry_policies"])
+    assert op.retry_policy.policies == policies_for("merge", op.retry_policies())
 
 
 def test_optimize_skips_at_both_levels() -> None:

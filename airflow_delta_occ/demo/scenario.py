@@ -87,10 +87,9 @@ def run_demo(work: Path, *, dags_folder: Path | str, timeout: float = 1500.0,
         if task["task_id"] == "check_table":
             checked = value
             continue
-        lease = value.pop("lease", None)
-        if isinstance(lease, dict) and lease.get("request_id"):
-            leases[str(lease["request_id"])] = task["task_id"]
-        results[task["task_id"]] = JobResult.from_json(value)
+        result = results[task["task_id"]] = JobResult.from_json(value)
+        if result.lease is not None:
+            leases[result.lease.request_id] = task["task_id"]
     from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
 
     store = SqlLeaseStore(f"sqlite:///{work / 'leases.db'}")

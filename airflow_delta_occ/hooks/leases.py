@@ -12,17 +12,27 @@ There is no silent default: a pool whose store is not configured fails with ``Le
 naming the connection, because a SQLite file per worker would let conflicting jobs run together.
 The store itself (``pools.leases.sql``) takes a URL and imports no Airflow, so a trigger or a CLI
 opens the same store from the same connection.
+
+Below the hook, the rest of the Airflow side of conflict pools, shared by the operators and the
+sensor: the pool a task names (from ``[delta_occ] pool_file``), the Airflow pool its task runs in,
+the owner of a task try, and the table's lease key checked against the pool. Holding a lease
+(waiting, heartbeat, release) is pure and lives in ``pools/holding.py``.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
-from airflow_delta_occ.exceptions import LeaseStoreError
+from airflow_delta_occ import config
+from airflow_delta_occ.exceptions import LeaseStoreError, PoolConfigError
+
+if TYPE_CHECKING:
+    from airflow_delta_occ.pools.config import Pool
 
 BACKENDS = ("postgresql", "sqlite")
 
@@ -112,3 +122,78 @@ class DeltaLeaseStoreHook(BaseHook):
         except Exception as exc:  # the button reports any failure as text
             return False, str(exc)
         return True, f"lease store reachable; {held} leases held"
+
+
+# -- the Airflow side of conflict pools -----------------------------------------------------------
+def configured_pool(name: str) -> Pool | None:
+    """The pool ``name`` of the pool file, or None when no pool file is configured here.
+
+    Used at DAG parse time: a DAG processor without ``[delta_occ] pool_file`` cannot check the name,
+    and the task still fails at run time (``required_pool``) if the worker has no pool file either.
+
+    Raises:
+        PoolConfigError: the pool file cannot be read, or has no pool ``name``; the message names it.
+    """
+    try:
+        pools = config.pool_config()
+        return None if pools is None else pools.get(name)
+    except PoolConfigError as exc:
+        raise PoolConfigError(f"conflict_pool={name!r}: {exc}") from exc
+
+
+def required_pool(name: str) -> Pool:
+    """The pool ``name``; at run time a pool file is needed (a task cannot be leased without one).
+
+    Raises:
+        PoolConfigError: no pool file is configured, it cannot be read, or it has no pool ``name``.
+    """
+    pool = configured_pool(name)
+    if pool is None:
+        raise PoolConfigError(f"conflict_pool={name!r}: no pool file is configured; set [delta_occ] pool_file "
+                              "(see docs/pools.md)")
+    return pool
+
+
+def route_to_airflow_pool(kwargs: dict[str, Any], default_args: Mapping[str, Any] | None,
+                          conflict_pool: str | None) -> None:
+    """A task of a conflict pool runs in the pool's Airflow pool (so the scheduler caps its writers),
+    unless the author (or the DAG's ``default_args``) chose a pool. The pool name is checked here, at
+    parse time, when the pool file is configured. Used by every Delta operator and the sensor.
+
+    Raises:
+        PoolConfigError: the pool file cannot be read or has no such pool.
+    """
+    if conflict_pool is None:
+        return
+    pool = configured_pool(conflict_pool)
+    if pool is not None and "pool" not in kwargs and "pool" not in (default_args or {}):
+        kwargs["pool"] = pool.airflow_pool
+
+
+def pooled_table(pool: Pool, location: str) -> str:
+    """The table's normalized location (its lease key), checked to belong to ``pool``.
+
+    Raises:
+        PoolConfigError: the table is not covered by the pool's patterns (leasing it there would not
+            keep it apart from writers leased in its own pool, or in none).
+    """
+    from airflow_delta_occ.engine.object_store import redact_uri
+    from airflow_delta_occ.hooks.storage import mask_uri_secrets
+    from airflow_delta_occ.pools.config import normalize_table
+
+    try:
+        table = normalize_table(location)
+    except ValueError as exc:
+        mask_uri_secrets(location)  # credentials in the URI: shown as *** here, masked in the task's logs
+        raise PoolConfigError(f"conflict_pool={pool.name!r}: table {redact_uri(location)!r}: {exc}") from exc
+    if pool.matching_pattern(table) is None:
+        raise PoolConfigError(f"table {table!r} is not in conflict pool {pool.name!r} (patterns: "
+                              f"{', '.join(pool.tables)}); add it to the pool file or change conflict_pool")
+    return table
+
+
+def lease_owner(context: Mapping[str, Any]) -> str:
+    """One string per task try: the same before and after a deferral (the try number does not change)."""
+    ti = context["ti"]
+    return (f"{ti.dag_id}/{ti.task_id}/{context['run_id']}/{getattr(ti, 'map_index', -1)}/"
+            f"{int(getattr(ti, 'try_number', 1) or 1)}")

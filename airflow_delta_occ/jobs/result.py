@@ -84,13 +84,30 @@ class OpenLineageParent:
 
 
 @dataclass(frozen=True)
+class JobLease:
+    """The conflict-pool lease a job ran under: who granted it, how long the job waited for it and for
+    whom, and whether the lease was lost while the job ran (Delta's own check still guarded it)."""
+
+    pool: str
+    request_id: str
+    waited: float = 0.0
+    waited_for: tuple[str, ...] = ()
+    lost: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "waited", round(float(self.waited), 3))
+        object.__setattr__(self, "waited_for", tuple(str(w) for w in self.waited_for))
+
+
+@dataclass(frozen=True)
 class JobResult:
     """What one Delta job did.
 
     ``version`` is the table version this task run committed (``None``: nothing committed, e.g. a
     DELETE that matched no row); ``already_committed`` says the commit was made by an earlier try of
     the same run, so this try wrote nothing. ``confirmed`` and ``task_seconds`` are added by the
-    operator after it checked the Delta log.
+    operator after it checked the Delta log, and ``lease`` when the job ran under a conflict pool's
+    lease. ``to_dict`` is the task's XCom value; ``from_json`` reads it back, lease included.
     """
 
     status: JobStatus
@@ -115,6 +132,7 @@ class JobResult:
     spark_app_id: str | None = None   # the Spark application the job ran in (for the Spark UI link)
     spark_ui_url: str | None = None   # its driver's live UI, as the driver reports it (classic sessions)
     openlineage_parent: OpenLineageParent | None = None  # the parent job the job's Spark session held
+    lease: JobLease | None = None   # the conflict-pool lease the job ran under (added by the operator)
 
     def __post_init__(self) -> None:
         # A JobResult crosses a process boundary in spark-submit mode: a value of the wrong type is a
@@ -147,8 +165,10 @@ class JobResult:
             conflicts = tuple(ConflictRecord(**c) for c in data.pop("conflicts", None) or ())
             seen = tuple(replace(c, kind=ConflictKind(c.kind)) for c in conflicts)
             parent = data.pop("openlineage_parent", None)
+            lease = data.pop("lease", None)
             return cls(**data, conflicts=seen,
-                       openlineage_parent=OpenLineageParent(**parent) if parent is not None else None)
+                       openlineage_parent=OpenLineageParent(**parent) if parent is not None else None,
+                       lease=JobLease(**lease) if lease is not None else None)
         except (TypeError, ValueError, RecursionError) as exc:
             raise DeltaJobError(f"not a valid job result: {exc}") from exc
 

@@ -31,7 +31,14 @@ from airflow_delta_occ.exceptions import (
     LeaseStoreError,
 )
 from airflow_delta_occ.hooks.delta import DeltaSparkHook
-from airflow_delta_occ.hooks.leases import DeltaLeaseStoreHook
+from airflow_delta_occ.hooks.leases import (
+    DeltaLeaseStoreHook,
+    configured_pool,
+    lease_owner,
+    pooled_table,
+    required_pool,
+    route_to_airflow_pool,
+)
 from airflow_delta_occ.jobs.build import (
     SOURCE_OUTSIDE_ACTIONS,
     AppendArguments,
@@ -47,16 +54,16 @@ from airflow_delta_occ.jobs.build import (
 )
 from airflow_delta_occ.jobs.checks import check_clauses, check_one_source, check_sql_text, sql_file, templated
 from airflow_delta_occ.jobs.partitions import parse_expression, partitions_mapping
-from airflow_delta_occ.jobs.result import JobResult
+from airflow_delta_occ.jobs.result import JobLease, JobResult
 from airflow_delta_occ.jobs.spec import JobSpec, RunIdentity, TableRef
 from airflow_delta_occ.jobs.sql import target_sql
 from airflow_delta_occ.jobs.text import refuse_substitution
 from airflow_delta_occ.operators.lineage import DeltaJobLineage, lineage_of, operator_lineage, schema_columns
 from airflow_delta_occ.operators.links import SparkUILink
+from airflow_delta_occ.pools import holding
+from airflow_delta_occ.pools.holding import HeldLease
 from airflow_delta_occ.retry.airflow import DeltaConflictRetryPolicy
 from airflow_delta_occ.retry.policy import layer_overrides
-
-from . import leasing
 
 if TYPE_CHECKING:  # the engine loads pyarrow: imported when a table is read, not with the operator
     import jinja2
@@ -165,10 +172,10 @@ class DeltaBaseOperator(BaseOperator):
         if kwargs.get("retry_policy") is None and (kwargs.get("default_args") or {}).get("retry_policy") is None:
             kwargs["retry_policy"] = DeltaConflictRetryPolicy(self.operation, self._policy_overrides)
         _default_retries(kwargs, kwargs.get("default_args"))
-        leasing.check_poll_interval(lease_poll_interval)
-        leasing.route_to_airflow_pool(kwargs, kwargs.get("default_args"), conflict_pool)
-        if conflict_pool is not None and (known := leasing.configured_pool(conflict_pool)) is not None:
-            leasing.check_worker_wait(known, deferrable)
+        holding.check_poll_interval(lease_poll_interval)
+        route_to_airflow_pool(kwargs, kwargs.get("default_args"), conflict_pool)
+        if conflict_pool is not None and (known := configured_pool(conflict_pool)) is not None:
+            holding.check_worker_wait(known, deferrable)
         super().__init__(**kwargs)
         self.table = table
         self.table_name = table_name
@@ -221,7 +228,7 @@ class DeltaBaseOperator(BaseOperator):
                                           task_default_args=kwargs.get("default_args"))
         _check_retry_policy("retry_policy", kwargs.get("retry_policy"))
         _default_retries(kwargs, defaults)
-        leasing.route_to_airflow_pool(kwargs, defaults, kwargs.get("conflict_pool"))
+        route_to_airflow_pool(kwargs, defaults, kwargs.get("conflict_pool"))
         return super().partial(**kwargs)
 
     # -- building the job -------------------------------------------------------------------------
@@ -282,11 +289,11 @@ class DeltaBaseOperator(BaseOperator):
         self._kill_requested = threading.Event()   # set by on_kill: a lease wait or a granted lease stops
         prepared = self.prepare(context)
         if self.conflict_pool is not None:
-            return self._lease_and_run(context, prepared, started)
-        return self._run_prepared(prepared, started)
+            return self._lease_and_run(context, prepared, started).to_dict()
+        return self._run_prepared(prepared, started).to_dict()
 
-    def _run_prepared(self, prepared: PreparedJob, started: float) -> dict[str, Any]:
-        """Run the prepared job in Spark and confirm its commit; the result as the task's XCom value."""
+    def _run_prepared(self, prepared: PreparedJob, started: float) -> JobResult:
+        """Run the prepared job in Spark and confirm its commit."""
         self.log.info("Delta %s on %s at version %s, condition: %s", prepared.spec.operation,
                       prepared.spec.target.label, prepared.snapshot.version, prepared.spec.condition)
         try:
@@ -298,9 +305,9 @@ class DeltaBaseOperator(BaseOperator):
         self.record_lineage(result)
         self.log.info("committed version %s after %s attempt(s), conflicts: %s", result.version, result.attempts,
                       [c.kind.value for c in result.conflicts])
-        return result.to_dict()
+        return result
 
-    # -- conflict pools: lease -> run -> release (see leasing.py) --------------------------------
+    # -- conflict pools: lease -> run -> release (see pools/holding.py) --------------------------
     def execute_complete(self, context: Any, event: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
         """Resume after the triggerer saw the lease granted: plan the job again (the table may have moved
         while it waited) and run it with the lease.
@@ -313,17 +320,16 @@ class DeltaBaseOperator(BaseOperator):
             raise LeaseStoreError(f"conflict pool {self.conflict_pool!r}: waiting for a lease failed: {message}")
         started = time.monotonic()
         self._kill_requested = threading.Event()
-        pool = leasing.required_pool(str(self.conflict_pool))
-        lease = leasing.HeldLease(pool.name, str(event["request_id"]), leasing.lease_owner(context),
-                                  float(event.get("waited") or 0.0),
-                                  leasing.blocker_names(event.get("blockers_seen") or []))
+        pool = required_pool(str(self.conflict_pool))
+        lease = HeldLease(pool.name, str(event["request_id"]), lease_owner(context),
+                          float(event.get("waited") or 0.0), holding.blocker_names(event.get("blockers_seen") or []))
         store = self._lease_store()
         try:
-            return self._run_granted(context, store, pool, lease, started)
+            return self._run_granted(context, store, pool, lease, started).to_dict()
         finally:
             store.close()
 
-    def _lease_and_run(self, context: Any, prepared: PreparedJob, started: float) -> dict[str, Any]:
+    def _lease_and_run(self, context: Any, prepared: PreparedJob, started: float) -> JobResult:
         """Ask the pool for a lease on ``prepared``'s footprint: run at once if granted, else wait for it
         (deferred, or in the worker with ``deferrable=False``).
 
@@ -332,22 +338,23 @@ class DeltaBaseOperator(BaseOperator):
             TaskDeferred: the request waits; the task resumes in ``execute_complete``.
             JobKilledError: the task was killed while it waited in the worker.
         """
-        pool = leasing.required_pool(str(self.conflict_pool))
-        leasing.check_worker_wait(pool, self.deferrable)
-        owner = leasing.lease_owner(context)
-        request = leasing.lease_request(pool, prepared, owner)
+        pool = required_pool(str(self.conflict_pool))
+        holding.check_worker_wait(pool, self.deferrable)
+        owner = lease_owner(context)
+        request = holding.request_for(pool, table=pooled_table(pool, prepared.location), owner=owner,
+                                      footprint=prepared.footprint, snapshot=prepared.snapshot)
         store = self._lease_store()
         try:
             state = store.acquire(request)
             if state.granted:
-                lease = leasing.HeldLease(pool.name, state.request_id, owner, state.waited or 0.0, [])
+                lease = HeldLease(pool.name, state.request_id, owner, state.waited or 0.0, [])
                 return self._run_leased(store, pool, lease, prepared, started)
             self.log.info("conflict pool %s: lease request %s on %s waits for %s", pool.name, state.request_id,
-                          request.table, leasing.describe_wait(state))
+                          request.table, holding.describe_wait(state))
             if not self.deferrable:
-                state, waited_for = leasing.wait_in_worker(store, request, state, self._poll_interval(), self.log,
+                state, waited_for = holding.wait_in_worker(store, request, state, self._poll_interval(), self.log,
                                                            self._kill_requested)
-                lease = leasing.HeldLease(pool.name, state.request_id, owner, state.waited or 0.0, waited_for)
+                lease = HeldLease(pool.name, state.request_id, owner, state.waited or 0.0, waited_for)
                 return self._run_granted(context, store, pool, lease, started)
         finally:
             store.close()
@@ -358,8 +365,8 @@ class DeltaBaseOperator(BaseOperator):
                                              poll_interval=self._poll_interval()),
                    method_name="execute_complete", timeout=None)
 
-    def _run_granted(self, context: Any, store: LeaseStore, pool: Pool, lease: leasing.HeldLease,
-                     started: float) -> dict[str, Any]:
+    def _run_granted(self, context: Any, store: LeaseStore, pool: Pool, lease: HeldLease,
+                     started: float) -> JobResult:
         """Run the job with a lease granted after a wait: plan it again (the table may have moved while it
         waited), renew the lease (its TTL ran since the grant: one that expired meanwhile is asked for
         again from scratch), then run it. Whatever fails or kills the task before the job starts gives
@@ -371,7 +378,7 @@ class DeltaBaseOperator(BaseOperator):
         self._held_lease = (lease.request_id, lease.owner)   # on_kill releases it from here on
         try:
             prepared = self.prepare(context)
-            leasing.pooled_table(pool, prepared.location)  # a table_name may now resolve elsewhere
+            pooled_table(pool, prepared.location)  # a table_name may now resolve elsewhere
             if self._kill_requested.is_set():
                 raise JobKilledError(f"the task was killed after its lease {lease.request_id} was granted, "
                                      "before its job started; the lease is released")
@@ -386,27 +393,28 @@ class DeltaBaseOperator(BaseOperator):
             return self._lease_and_run(context, prepared, started)
         except BaseException:
             self._held_lease = None
-            leasing.release_quietly(store, lease.request_id, lease.owner, self.log)
+            holding.release_quietly(store, lease.request_id, lease.owner, self.log)
             raise
         return self._run_leased(store, pool, lease, prepared, started)
 
     def _poll_interval(self) -> float:
         if self.lease_poll_interval is not None:
             return float(self.lease_poll_interval)
-        return leasing.DEFERRED_POLL_SECONDS if self.deferrable else leasing.WORKER_POLL_SECONDS
+        return holding.DEFERRED_POLL_SECONDS if self.deferrable else holding.WORKER_POLL_SECONDS
 
-    def _run_leased(self, store: LeaseStore, pool: Pool, lease: leasing.HeldLease, prepared: PreparedJob,
-                    started: float) -> dict[str, Any]:
+    def _run_leased(self, store: LeaseStore, pool: Pool, lease: HeldLease, prepared: PreparedJob,
+                    started: float) -> JobResult:
         """Run the job while the lease is renewed; release it afterwards (success or failure)."""
         self.log.info("conflict pool %s: lease %s held by %s (waited %.3f s for %s)", pool.name, lease.request_id,
                       lease.owner, lease.waited, lease.waited_for or "nobody")
         self._held_lease = (lease.request_id, lease.owner)
         try:
-            with leasing.holding(store, lease, pool.heartbeat, self.log):
+            with holding.holding(store, lease, pool.heartbeat, self.log):
                 result = self._run_prepared(prepared, started)
         finally:
             self._held_lease = None
-        return {**result, "lease": lease.to_json()}
+        return replace(result, lease=JobLease(pool=lease.pool, request_id=lease.request_id, waited=lease.waited,
+                                              waited_for=tuple(lease.waited_for), lost=lease.lost))
 
     def _lease_store(self) -> LeaseStore:
         store: LeaseStore = DeltaLeaseStoreHook(self.lease_conn_id).get_store()
@@ -426,7 +434,7 @@ class DeltaBaseOperator(BaseOperator):
         if held is not None:
             store = self._lease_store()
             try:
-                leasing.release_quietly(store, *held, self.log)
+                holding.release_quietly(store, *held, self.log)
             finally:
                 store.close()
         super().on_kill()

@@ -31,7 +31,13 @@ from airflow.sdk.bases.operator import TRIGGER_FAIL_REPR
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_delta_occ.exceptions import DeltaJobError, JobSpecError, LeaseLostError, LeaseStoreError
-from airflow_delta_occ.hooks.leases import DeltaLeaseStoreHook
+from airflow_delta_occ.hooks.leases import (
+    DeltaLeaseStoreHook,
+    lease_owner,
+    pooled_table,
+    required_pool,
+    route_to_airflow_pool,
+)
 from airflow_delta_occ.jobs.checks import templated
 from airflow_delta_occ.jobs.partitions import (
     build_partition_filter,
@@ -39,7 +45,7 @@ from airflow_delta_occ.jobs.partitions import (
     parse_expression,
     partitions_mapping,
 )
-from airflow_delta_occ.operators import leasing
+from airflow_delta_occ.pools import holding
 
 if TYPE_CHECKING:
     from airflow_delta_occ.engine.planner import Footprint
@@ -129,7 +135,7 @@ class DeltaConflictSensor(BaseSensorOperator):
         if lease_ttl is not None and (isinstance(lease_ttl, bool) or not isinstance(lease_ttl, int | float)
                                       or not lease_ttl > 0):
             raise JobSpecError(f"lease_ttl must be a positive number of seconds, got {lease_ttl!r}")
-        leasing.route_to_airflow_pool(kwargs, kwargs.get("default_args"), conflict_pool)
+        route_to_airflow_pool(kwargs, kwargs.get("default_args"), conflict_pool)
         super().__init__(poke_interval=poke_interval, **kwargs)
         self.table = table
         self.operation = operation
@@ -172,26 +178,23 @@ class DeltaConflictSensor(BaseSensorOperator):
             TableNotFoundError: the table has no Delta log; PoolConfigError: it is not in the pool.
         """
         from airflow_delta_occ.engine import DeltaLog
-        from airflow_delta_occ.engine.planner import TableState
         from airflow_delta_occ.hooks.delta import DeltaSparkHook
-        from airflow_delta_occ.pools.requests import LeaseRequest
 
-        table = leasing.pooled_table(pool, self.table)
+        table = pooled_table(pool, self.table)
         # The same storage connection the guarded writer's hook resolves (its own, or the delta_occ one's).
         hook = DeltaSparkHook(self.delta_conn_id, storage_conn_id=self.storage_conn_id)
         credentials = hook.credentials_for(self.table)
         snapshot = DeltaLog.for_table(self.table, credentials=credentials).snapshot()
-        return LeaseRequest.of(pool=pool.name, table=table, owner=owner, footprint=self.footprint(snapshot),
-                               table_state=TableState.of(snapshot), model=pool.model, max_writers=pool.max_writers,
-                               ttl=self.lease_ttl or pool.lease_ttl)
+        return holding.request_for(pool, table=table, owner=owner, footprint=self.footprint(snapshot),
+                                   snapshot=snapshot, ttl=self.lease_ttl)
 
     # -- waiting ----------------------------------------------------------------------------------
     def execute(self, context: Any) -> dict[str, Any]:
         """Ask for the lease: succeed holding it when granted, else defer until it is."""
         from airflow_delta_occ.triggers.lease import DeltaLeaseTrigger
 
-        pool = leasing.required_pool(self.conflict_pool)
-        owner = leasing.lease_owner(context)
+        pool = required_pool(self.conflict_pool)
+        owner = lease_owner(context)
         request = self.lease_request(pool, owner)
         with DeltaLeaseStoreHook(self.lease_conn_id).get_store() as store:
             state = store.acquire(request)
@@ -200,7 +203,7 @@ class DeltaConflictSensor(BaseSensorOperator):
                           else request.ttl)
             return self._handed_over(request.pool, state.request_id, owner, expires_in, state.waited or 0.0, [])
         self.log.info("conflict pool %s: lease request %s on %s waits for %s", pool.name, state.request_id,
-                      request.table, leasing.describe_wait(state))
+                      request.table, holding.describe_wait(state))
         timeout = timedelta(seconds=float(self.timeout)) if self.timeout is not None else None
         self.defer(trigger=DeltaLeaseTrigger(lease_conn_id=self.lease_conn_id, request_id=state.request_id,
                                              owner=owner, request=request.to_json(),
@@ -217,7 +220,7 @@ class DeltaConflictSensor(BaseSensorOperator):
             LeaseStoreError: the trigger reported an error instead of a grant (the request is cancelled).
             TaskDeferred: the lease expired before the resumption and must be waited for again.
         """
-        owner = leasing.lease_owner(context)
+        owner = lease_owner(context)
         if not event or event.get("status") != "granted":
             message = (event or {}).get("message") or f"unexpected lease trigger event {event!r}"
             self.cancel_requests(owner, (event or {}).get("request_id"))
@@ -232,17 +235,17 @@ class DeltaConflictSensor(BaseSensorOperator):
             return self.execute(context)
         self.log.info("conflict pool %s: lease %s renewed at the hand-over, until %.3f (the store's clock)",
                       self.conflict_pool, request_id, record.expires_at)
-        ttl = self.lease_ttl or leasing.required_pool(self.conflict_pool).lease_ttl  # renewed: the whole TTL
+        ttl = self.lease_ttl or required_pool(self.conflict_pool).lease_ttl  # renewed: the whole TTL
         return self._handed_over(self.conflict_pool, request_id, owner, ttl,
                                  float(event.get("waited") or 0.0),
-                                 leasing.blocker_names(event.get("blockers_seen") or []))
+                                 holding.blocker_names(event.get("blockers_seen") or []))
 
     def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Any) -> Any:
         """A deferral that ended without an event (the sensor's ``timeout``, a trigger that failed) resumes
         here with ``__fail__``: cancel the waiting request first (the triggerer does not call the
         trigger's ``on_kill`` on a timeout), then fail (or skip, with ``soft_fail``) as any sensor does."""
         if next_method == TRIGGER_FAIL_REPR:
-            self.cancel_requests(leasing.lease_owner(context))
+            self.cancel_requests(lease_owner(context))
         return super().resume_execution(next_method, next_kwargs, context)
 
     def cancel_requests(self, owner: str, request_id: str | None = None) -> None:
@@ -250,13 +253,10 @@ class DeltaConflictSensor(BaseSensorOperator):
         quietly: a failure is logged (the request is then abandoned after its TTL without heartbeats),
         never raised over the error that ended the wait."""
         try:
-            table = leasing.pooled_table(leasing.required_pool(self.conflict_pool), self.table)
+            table = pooled_table(required_pool(self.conflict_pool), self.table)
             with DeltaLeaseStoreHook(self.lease_conn_id).get_store() as store:
-                ids = {r.request_id for r in store.records(pool=self.conflict_pool, table=table) if r.owner == owner}
-                if request_id:
-                    ids.add(str(request_id))
-                for live in sorted(ids):
-                    leasing.release_quietly(store, live, owner, self.log)
+                holding.cancel_requests(store, owner, [str(request_id)] if request_id else [], table=table,
+                                        log=self.log)
         except (DeltaJobError, AirflowNotFoundException) as exc:
             self.log.error("conflict pool %s: could not cancel the lease requests of %s on %s (they are "
                            "abandoned after their TTL): %s", self.conflict_pool, owner, self.table, exc)

@@ -14,7 +14,7 @@ with ``execute_complete(context, event=...)`` where ``event`` is one of:
   "blockers_seen": [{"request_id", "owner", "reason"}, ...], "reacquired": n}``: the lease is held
   from the grant on, and its TTL runs: the resumed task must start renewing it within the TTL;
 * ``{"status": "error", "request_id", "message"}``: the connection names no usable store, the request
-  cannot be read, or the store failed ``MAX_FAILURES`` times in a row.
+  cannot be read, or the store failed ``pools.holding.MAX_FAILURES`` times in a row.
 
 The triggerer must not load pyarrow or Spark for every trigger it runs: the store, the request types
 and the engine they import are loaded inside ``run()``, in a thread. Connections are read with
@@ -27,25 +27,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_delta_occ.exceptions import LeaseError, LeaseOwnershipError, LeaseStoreError
+from airflow_delta_occ.exceptions import LeaseError, LeaseStoreError
 from airflow_delta_occ.hooks.leases import store_url
+from airflow_delta_occ.pools.holding import LeaseWait, Log, cancel_requests
 
 if TYPE_CHECKING:
     from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
-    from airflow_delta_occ.pools.requests import Blocker, LeaseRequest
-
-MAX_FAILURES = 10          # consecutive store failures before the task is told (its request is abandoned by then)
-MIN_POLL_INTERVAL = 0.01   # seconds; a zero or negative interval would spin on the store
-MAX_BLOCKERS_SEEN = 50     # the event is stored by Airflow: keep it small
-MAX_REASON_LENGTH = 500
-LOGGED_REASON_LENGTH = 200
+    from airflow_delta_occ.pools.requests import LeaseRequest
 
 
 class DeltaLeaseTrigger(BaseTrigger):
@@ -92,46 +87,27 @@ class DeltaLeaseTrigger(BaseTrigger):
             url = await self._store_url()
         except (LeaseStoreError, AirflowNotFoundException) as exc:
             return self._error(f"connection {self.lease_conn_id!r}: {exc}")
-        interval = min(max(self.poll_interval, MIN_POLL_INTERVAL), request.ttl / 3)
-        blockers = _BlockersSeen()
+        wait = LeaseWait(request, self.current_request_id, self.poll_interval, self.log)
         store: SqlLeaseStore | None = None
-        failures = reacquired = 0
         try:
             while True:
                 try:
                     if store is None:
-                        store = await asyncio.to_thread(_open_store, url)
-                    state = await asyncio.to_thread(store.poll_or_ask_again, self.current_request_id, request)
-                    if state.request_id != self.current_request_id:
-                        self.log.info("lease request %s of %s was gone (released, or abandoned while nobody "
-                                      "polled it); asked again for table %s: request %s is %s",
-                                      self.current_request_id, self.owner, request.table, state.request_id,
-                                      state.status.value)
-                        self.current_request_id = state.request_id
-                        reacquired += 1
-                    failures = 0
-                except LeaseOwnershipError as exc:
+                        try:
+                            store = await asyncio.to_thread(_open_store, url)
+                        except LeaseStoreError as exc:
+                            step = wait.failed(exc)   # counted as a failed poll; raises at the limit
+                    if store is not None:
+                        step = await asyncio.to_thread(wait.poll, store)
+                except LeaseError as exc:   # not this owner's request, or the store kept failing
                     return self._error(str(exc))
-                except LeaseStoreError as exc:
-                    failures += 1
-                    if failures >= MAX_FAILURES:
-                        return self._error(f"the lease store failed {failures} times in a row; last: {exc}")
-                    delay = min(interval * 2 ** (failures - 1), request.ttl / 3)
-                    self.log.warning("lease store failed (%d of %d), retrying in %.2f s: %s", failures,
-                                     MAX_FAILURES, delay, exc)
-                    await asyncio.sleep(delay)
-                    continue
-                except LeaseError as exc:
-                    return self._error(str(exc))
-                if state.granted:
-                    self.log.info("lease request %s of %s granted after %s s", state.request_id, self.owner,
-                                  "?" if state.waited is None else f"{state.waited:.3f}")
-                    return {"status": "granted", "request_id": state.request_id, "state": state.to_json(),
-                            "waited": state.waited, "blockers_seen": blockers.seen(), "reacquired": reacquired}
-                for blocker in blockers.update(state.blockers):
-                    self.log.info("lease request %s waits for %s: %s", state.request_id,
-                                  blocker.owner or "the pool's writer limit", blocker.reason[:LOGGED_REASON_LENGTH])
-                await asyncio.sleep(interval)
+                finally:
+                    self.current_request_id = wait.request_id
+                if step.state is not None and step.granted:
+                    return {"status": "granted", "request_id": step.state.request_id, "state": step.state.to_json(),
+                            "waited": step.state.waited, "blockers_seen": wait.blockers.seen(),
+                            "reacquired": wait.reacquired}
+                await asyncio.sleep(step.delay)
         finally:
             if store is not None:
                 await _close(store)
@@ -147,8 +123,8 @@ class DeltaLeaseTrigger(BaseTrigger):
         try:
             url = await self._store_url()
             released = await asyncio.to_thread(
-                _release_all, url, {self.request_id, self.current_request_id}, self.owner,
-                table if isinstance(table, str) else None)
+                _cancel, url, {self.request_id, self.current_request_id}, self.owner,
+                table if isinstance(table, str) else None, self.log)
         except (LeaseError, AirflowNotFoundException) as exc:
             self.log.warning("could not cancel lease request %s of %s (it is abandoned after its TTL): %s",
                              self.current_request_id, self.owner, exc)
@@ -173,28 +149,6 @@ class DeltaLeaseTrigger(BaseTrigger):
         return {"status": "error", "request_id": self.current_request_id, "message": message}
 
 
-class _BlockersSeen:
-    """The distinct leases and requests a wait was blocked by, and whether the current set changed."""
-
-    def __init__(self) -> None:
-        self._seen: dict[tuple[str | None, str | None], dict[str, Any]] = {}
-        self._current: tuple[tuple[str | None, str | None, str], ...] = ()
-
-    def update(self, blockers: Iterable[Blocker]) -> list[Blocker]:
-        """Record ``blockers``; returns them when they differ from the previous poll's (to log), else []."""
-        now = list(blockers)
-        for b in now:
-            if (b.request_id, b.owner) not in self._seen and len(self._seen) < MAX_BLOCKERS_SEEN:
-                self._seen[(b.request_id, b.owner)] = {"request_id": b.request_id, "owner": b.owner,
-                                                       "reason": b.reason[:MAX_REASON_LENGTH]}
-        current = tuple((b.request_id, b.owner, b.reason) for b in now)
-        changed, self._current = current != self._current, current
-        return now if changed else []
-
-    def seen(self) -> list[dict[str, Any]]:
-        return list(self._seen.values())
-
-
 def _parse_request(data: object) -> LeaseRequest:
     """Runs in a thread: importing the request types loads the engine (and pyarrow)."""
     from airflow_delta_occ.pools.requests import LeaseRequest
@@ -213,13 +167,11 @@ async def _close(store: SqlLeaseStore) -> None:
         await asyncio.to_thread(store.close)
 
 
-def _release_all(url: str, request_ids: set[str], owner: str, table: str | None) -> set[str]:
-    """Release the given requests and the owner's other live requests on ``table``; the ids released."""
+def _cancel(url: str, request_ids: set[str], owner: str, table: str | None, log: Log) -> set[str]:
+    """Cancel the given requests and the owner's other live requests on ``table``; the ids released."""
     store = _open_store(url)
     try:
-        if table is not None:
-            request_ids = request_ids | {r.request_id for r in store.records(table=table) if r.owner == owner}
-        return {i for i in request_ids if store.release(i, owner)}
+        return cancel_requests(store, owner, request_ids, table=table, log=log)
     finally:
         store.close()
 

@@ -22,8 +22,8 @@ from airflow_delta_occ.engine.object_store import (
 )
 from airflow_delta_occ.engine.storage import resolve_table
 from airflow_delta_occ.exceptions import PoolConfigError
+from airflow_delta_occ.hooks.leases import pooled_table
 from airflow_delta_occ.hooks.storage import credentials_for
-from airflow_delta_occ.operators.leasing import pooled_table
 from airflow_delta_occ.operators.lineage import dataset_name_for_location
 from airflow_delta_occ.pools.config import Pool, load_pool_config, normalize_table
 

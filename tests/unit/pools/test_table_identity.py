@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from airflow_delta_occ.operators.leasing import pooled_table
+from airflow_delta_occ.hooks.leases import pooled_table
 from airflow_delta_occ.operators.lineage import dataset_name_for_location
 from airflow_delta_occ.pools.config import Pool, normalize_table
 from airflow_delta_occ.pools.leases.base import LeaseStore

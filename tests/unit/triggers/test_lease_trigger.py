@@ -26,9 +26,10 @@ from typing import Any, cast
 import pytest
 from airflow.triggers.base import TriggerEvent
 
+from airflow_delta_occ.pools.holding import MAX_FAILURES
 from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
 from airflow_delta_occ.pools.requests import AuditKind, LeaseRequest, LeaseState, LeaseStatus
-from airflow_delta_occ.triggers.lease import MAX_FAILURES, DeltaLeaseTrigger
+from airflow_delta_occ.triggers.lease import DeltaLeaseTrigger
 
 from ..pools import contract
 from ..pools.contract import Request

@@ -60,9 +60,9 @@ from airflow_delta_occ.jobs.sql import target_sql
 from airflow_delta_occ.jobs.text import refuse_substitution
 from airflow_delta_occ.operators.lineage import DeltaJobLineage, lineage_of, operator_lineage, schema_columns
 from airflow_delta_occ.operators.links import SparkUILink
+from airflow_delta_occ.operators.retry_policy import DeltaConflictRetryPolicy
 from airflow_delta_occ.pools import holding
 from airflow_delta_occ.pools.holding import HeldLease
-from airflow_delta_occ.retry.airflow import DeltaConflictRetryPolicy
 from airflow_delta_occ.retry.policy import layer_overrides
 
 if TYPE_CHECKING:  # the engine loads pyarrow: imported when a table is read, not with the operator
@@ -590,7 +590,7 @@ def _check_retry_policy(where: str, policy: Any) -> None:
     from airflow.sdk import RetryPolicy
 
     if policy is not None and not isinstance(policy, RetryPolicy):
-        raise JobSpecError(f"{where} must be an airflow.sdk RetryPolicy (e.g. airflow_delta_occ.retry.airflow."
+        raise JobSpecError(f"{where} must be an airflow.sdk RetryPolicy (e.g. airflow_delta_occ.operators.retry_policy."
                            f"DeltaConflictRetryPolicy, or left unset for it), got {type(policy).__name__}")
 
 

@@ -1,4 +1,5 @@
-"""Typed conflict retries: classification (one vocabulary), in-job policies, and the Airflow adapter.
+"""Typed conflict retries, pure (tenacity only): classification (one vocabulary) and in-job policies.
 
-``classify`` and ``policy`` are pure (tenacity only); ``airflow`` needs the Airflow Task SDK.
+The task-level ``RetryPolicy`` that decides from the same policies in Airflow is
+``airflow_delta_occ.operators.retry_policy.DeltaConflictRetryPolicy``.
 """

@@ -132,7 +132,7 @@ def test_the_same_failure_raises_the_same_error_in_every_mode(spark: Any, tmp_pa
     Airflow decision, whether the job ran embedded, through spark-submit or over Spark Connect."""
     from airflow.sdk.definitions.retry_policy import RetryAction
 
-    from airflow_delta_occ.retry.airflow import DeltaConflictRetryPolicy
+    from airflow_delta_occ.operators.retry_policy import DeltaConflictRetryPolicy
 
     outcomes: dict[str, dict[str, tuple[str, str]]] = {}
     for i, mode in enumerate(("embedded", "spark-submit", "connect")):

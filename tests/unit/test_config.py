@@ -10,7 +10,7 @@ from airflow.sdk.definitions.retry_policy import RetryAction
 
 from airflow_delta_occ.engine import ConcurrentAppendException, TableNotFoundError
 from airflow_delta_occ.exceptions import JobSpecError, PartitionSpecError
-from airflow_delta_occ.retry.airflow import DeltaConflictRetryPolicy
+from airflow_delta_occ.operators.retry_policy import DeltaConflictRetryPolicy
 from airflow_delta_occ.retry.classify import ConflictKind, conflict_failure
 
 pytestmark = pytest.mark.unit

@@ -22,7 +22,7 @@ PURE = sorted([f"airflow_delta_occ.engine.{m.name}" for m in pkgutil.iter_module
               + ["airflow_delta_occ.retry.classify", "airflow_delta_occ.retry.policy",
                  "airflow_delta_occ.exceptions"])
 AIRFLOW_SIDE = ["airflow_delta_occ.operators.delta", "airflow_delta_occ.hooks.delta",
-                "airflow_delta_occ.hooks.leases", "airflow_delta_occ.retry.airflow",
+                "airflow_delta_occ.hooks.leases", "airflow_delta_occ.operators.retry_policy",
                 "airflow_delta_occ.config", "airflow_delta_occ.get_provider_info", "airflow_delta_occ.cli",
                 "airflow_delta_occ.triggers.lease", "airflow_delta_occ.sensors.conflict", "airflow_delta_occ.policy"]
 

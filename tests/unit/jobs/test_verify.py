@@ -93,7 +93,7 @@ def test_an_escaped_commit_is_never_retried_at_the_task_level() -> None:
     from airflow.sdk.definitions.retry_policy import RetryAction
 
     from airflow_delta_occ.exceptions import CommitOutsidePartitionsError
-    from airflow_delta_occ.retry.airflow import DeltaConflictRetryPolicy
+    from airflow_delta_occ.operators.retry_policy import DeltaConflictRetryPolicy
 
     decision = DeltaConflictRetryPolicy("delete").evaluate(CommitOutsidePartitionsError("escaped"), 1, 3)
     assert decision.action is RetryAction.FAIL

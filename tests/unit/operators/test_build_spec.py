@@ -148,7 +148,7 @@ def test_mapped_tasks_get_the_delta_retry_policy_when_unmapped() -> None:
 
     from airflow.sdk import DAG
 
-    from airflow_delta_occ.retry.airflow import DeltaConflictRetryPolicy
+    from airflow_delta_occ.operators.retry_policy import DeltaConflictRetryPolicy
 
     with DAG("mapped", schedule=None, start_date=dt.datetime(2024, 1, 1)):
         mapped = DeltaDeleteOperator.partial(task_id="d", table="/t", partitions=DE,

@@ -29,7 +29,7 @@ from airflow_delta_occ.operators.delta import (
     DeltaOverwritePartitionsOperator,
     DeltaUpdateOperator,
 )
-from airflow_delta_occ.retry.airflow import DeltaConflictRetryPolicy
+from airflow_delta_occ.operators.retry_policy import DeltaConflictRetryPolicy
 
 pytestmark = pytest.mark.unit
 

@@ -96,7 +96,7 @@ def test_permanent_failures_fail_at_once_and_the_rest_is_left_to_airflow(error: 
 
     from airflow_delta_occ import exceptions
     from airflow_delta_occ.engine import errors
-    from airflow_delta_occ.retry.airflow import DeltaConflictRetryPolicy
+    from airflow_delta_occ.operators.retry_policy import DeltaConflictRetryPolicy
 
     cls = getattr(exceptions, error, None) or getattr(errors, error, None) or getattr(builtins, error)
     decision = DeltaConflictRetryPolicy("merge").evaluate(cls("boom"), try_number=1, max_tries=3)

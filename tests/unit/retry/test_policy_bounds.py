@@ -15,7 +15,7 @@ from airflow.sdk.definitions.retry_policy import RetryAction
 
 from airflow_delta_occ.exceptions import JobSpecError, ProviderConfigError
 from airflow_delta_occ.operators.delta import DeltaMergeOperator
-from airflow_delta_occ.retry.airflow import DeltaConflictRetryPolicy
+from airflow_delta_occ.operators.retry_policy import DeltaConflictRetryPolicy
 from airflow_delta_occ.retry.classify import ConflictKind, conflict_failure
 from airflow_delta_occ.retry.policy import (
     MAX_ATTEMPTS,

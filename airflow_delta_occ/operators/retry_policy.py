@@ -1,4 +1,4 @@
-"""The Airflow boundary: a ``RetryPolicy`` (Airflow 3.3 ``retry_policy=``) that knows Delta's conflicts.
+"""The task-level retry: a ``RetryPolicy`` (Airflow 3.3 ``retry_policy=``) that knows Delta's conflicts.
 
 Inside the Spark job the runner already retried what its policies allow. What reaches Airflow is
 either a conflict that the policy fails on, a conflict whose in-job retries ran out, or an ordinary
@@ -25,6 +25,7 @@ from typing import Any
 from airflow.sdk import RetryDecision, RetryPolicy, RetryRule
 from airflow.sdk.definitions.retry_policy import RetryAction
 
+from airflow_delta_occ import config
 from airflow_delta_occ.engine.errors import (
     InvalidCommitError,
     LogCorruptError,
@@ -40,9 +41,8 @@ from airflow_delta_occ.exceptions import (
     UnsafeLogStoreError,
 )
 from airflow_delta_occ.jobs.result import REFUSED_TYPES
-
-from .classify import ADVICE, ConflictKind, classify_conflict
-from .policy import Action, ConflictPolicy, layer_overrides, policies_for
+from airflow_delta_occ.retry.classify import ADVICE, ConflictKind, classify_conflict
+from airflow_delta_occ.retry.policy import Action, ConflictPolicy, layer_overrides, policies_for
 
 # Retrying cannot fix these: what the runner refuses (bad job input, a missing table or source), a
 # condition the engine cannot read, a table this engine cannot read, a malformed log (Delta's commit
@@ -80,9 +80,7 @@ class DeltaConflictRetryPolicy(RetryPolicy):
     def policies(self) -> Mapping[ConflictKind, ConflictPolicy]:
         """The resolved policies: the same answer the runner's in-job loop gets for this task."""
         if self._policies is None:
-            from airflow_delta_occ.config import conflict_policies
-
-            self._policies = policies_for(self.operation, layer_overrides(conflict_policies(), self.overrides))
+            self._policies = policies_for(self.operation, layer_overrides(config.conflict_policies(), self.overrides))
         return self._policies
 
     def evaluate(self, exception: BaseException, try_number: int, max_tries: int,

@@ -6,6 +6,11 @@ JSON commits after it; ``Snapshot.update()`` moves a snapshot forward by reading
 commits; ``DeltaLog.commits_after(v)`` returns the actions that landed after ``v`` (what conflict
 checks and sensors consume). Nothing here starts Spark, so the scheduler, triggerer and sensors can
 all use it.
+
+Nothing here needs pyarrow or numpy either: the columnar work (reading a checkpoint, its rows as a
+file table, statistics as arrays) is in ``checkpoint``, ``file_table`` and ``stats_columns``,
+imported when a snapshot has a checkpoint or a plan judges statistics. Reading the log of a table
+without a checkpoint, and planning on partitions alone, load neither library.
 """
 
 from __future__ import annotations
@@ -13,12 +18,11 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import sys
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
-
-import numpy as np
 
 from .actions import Action as Action
 from .actions import (
@@ -32,7 +36,6 @@ from .actions import (
     SetTransaction,
     parse_json_actions,
 )
-from .checkpoint import read_checkpoint
 from .errors import InvalidVersionError, LogCorruptError, UnsupportedProtocolError, VersionNotFoundError
 from .expressions import and_, split_conjuncts
 from .file_state import FileKey, FileState
@@ -47,8 +50,7 @@ from .predicates import (
     references,
 )
 from .schema import DataType, StructType
-from .stats import StatsLeaf, parse_stats_of, stats_leaves
-from .stats_columns import CannotVectorize, ColumnBounds, may_match_mask
+from .stats import StatsLeaf, stats_leaves
 from .storage import FileMeta, Storage, resolve_table
 from .values import parse_partition_value
 
@@ -138,6 +140,8 @@ class DeltaLog:
         segment = build_segment(listing, version)
         state = _ReplayState()
         if segment.checkpoint is not None:
+            from .checkpoint import read_checkpoint  # pyarrow: loaded once a table has a checkpoint
+
             content = read_checkpoint(self.storage, self.table_root, segment.checkpoint)
             state.apply_actions(content.actions)
             state.files = FileState.from_checkpoint(content.adds, content.inline_adds, content.source)
@@ -193,7 +197,8 @@ def _version_arg(value: object, what: str) -> int:
     Integers of any kind (numpy's too) are accepted; a bool is refused although Python counts it as
     an int, since ``True`` meaning version 1 is always a caller's mistake.
     """
-    if isinstance(value, bool | np.bool_):
+    numpy = sys.modules.get("numpy")  # a numpy bool exists only once numpy is loaded: never load it here
+    if isinstance(value, bool) or (numpy is not None and isinstance(value, numpy.bool_)):
         raise InvalidVersionError(value, what)
     try:
         return operator.index(value)  # type: ignore[arg-type]  # anything with __index__ is an integer
@@ -458,18 +463,21 @@ class Snapshot:
             return verdict
 
         selected: list[AddFile] = []
+        physical = tuple(p for _, p, _ in self._partition_fields)
         state = self._files
         base = state.base
-        if base is not None:
-            in_partitions = self._live_rows_in_partitions(state, judge_partition)
+        if base is not None:  # the checkpoint's rows, judged as arrays (pyarrow and numpy are loaded)
+            in_partitions = base.live_rows_in_partitions(state.live_mask, physical, judge_partition)
             rows = in_partitions
             if data_filters and len(in_partitions):
+                from .stats_columns import may_match_conjuncts
+
                 columns = base.stats.bounds(self._leaves_read_by(data_filters), in_partitions)
-                rows = in_partitions[self._may_match_stats(data_filters, columns, len(in_partitions),
-                                                           lambda i: base.stats.json_at(in_partitions[i]))]
+                rows = in_partitions[may_match_conjuncts(data_filters, columns, len(in_partitions),
+                                                         lambda i: base.stats.json_at(in_partitions[i]),
+                                                         self._stats_leaves.values())]
             selected.extend(state.base_files(rows))
         if state.extra:
-            physical = [p for _, p, _ in self._partition_fields]
             candidates: list[AddFile] = []
             for add in state.extra.values():  # the adds since the checkpoint: usually a few hundred
                 raw = tuple(map(add.partition_values.get, physical))
@@ -479,69 +487,20 @@ class Snapshot:
                 if verdict:
                     candidates.append(add)
             if data_filters and candidates:
+                from .stats_columns import may_match_conjuncts  # numpy: loaded once statistics are judged
+
                 texts = [add.stats for add in candidates]
                 columns = state.extra_stats.bounds(self._leaves_read_by(data_filters), texts)
-                keep = self._may_match_stats(data_filters, columns, len(candidates), lambda i: [texts[j] for j in i])
+                keep = may_match_conjuncts(data_filters, columns, len(candidates), lambda i: [texts[j] for j in i],
+                                           self._stats_leaves.values())
                 candidates = list(itertools.compress(candidates, keep))
             selected.extend(candidates)
         return selected
-
-    def _live_rows_in_partitions(
-        self, state: FileState, judge_partition: Callable[[tuple[str | None, ...], str], bool]
-    ) -> np.ndarray:
-        """Live checkpoint rows (ascending) in a partition ``judge_partition`` accepts.
-
-        Rows are judged per distinct partition (a few hundred at most in practice), not per row;
-        the grouping is computed once per checkpoint. A partition value that is not valid for its
-        type is an error only when a live row holds it, as when each live file is typed.
-        """
-        assert state.base is not None
-        live = state.live_mask
-        physical = tuple(p for _, p, _ in self._partition_fields)
-        if not physical:
-            return np.flatnonzero(live)
-        codes, uniques = state.base.partition_groups(physical)
-        verdicts = np.zeros(len(uniques), dtype=bool)
-        for code, raw in enumerate(uniques):
-            try:
-                verdicts[code] = judge_partition(raw, state.base.source)
-            except LogCorruptError:
-                if live[codes == code].any():
-                    raise
-        return np.flatnonzero(live & verdicts[codes])
 
     def _leaves_read_by(self, exprs: list[Expr]) -> list[StatsLeaf]:
         """The statistics columns ``exprs`` read (columns without statistics, such as structs, have none)."""
         leaves = self._stats_leaves
         return [leaves[name] for name in sorted(set().union(*(references(e) for e in exprs)) & leaves.keys())]
-
-    def _may_match_stats(
-        self,
-        data_filters: list[Expr],
-        columns: Mapping[str, ColumnBounds],
-        num_files: int,
-        stats_texts: Callable[[np.ndarray], Sequence[str | None]],
-    ) -> np.ndarray:
-        """Per file, ``file_may_match(and_(*data_filters), {}, parse_file_stats(add.stats))``.
-
-        A file may match an AND exactly when it may match each part, so each conjunct is judged on
-        its own, on the statistics arrays ``columns``; one the arrays cannot answer exactly is
-        judged by the per-file reference, from ``stats_texts`` of the files still selected.
-        """
-        keep = np.ones(num_files, dtype=bool)
-        per_file: list[Expr] = []
-        for conjunct in data_filters:
-            try:
-                keep &= may_match_mask(conjunct, columns, num_files)
-            except CannotVectorize:
-                per_file.append(conjunct)
-        if per_file and keep.any():
-            check = and_(*per_file)
-            leaves = self._stats_leaves.values()
-            survivors = np.flatnonzero(keep)
-            keep[survivors] = [file_may_match(check, {}, parse_stats_of(text, leaves))
-                               for text in stats_texts(survivors)]
-        return keep
 
     # -- moving forward ------------------------------------------------------------------------
     def update(self) -> Snapshot:

@@ -21,15 +21,15 @@ then walking the predicate tree per file), and conflict pools re-plan whenever t
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from .expressions import And, Column, Comparison, ComparisonOp, Expr, In, IsNull, Literal, Not, Or
-from .predicates import _FLIP, StatsRange, _compare_values, _in_as_or, _is_nan, stats_range
+from .expressions import And, Column, Comparison, ComparisonOp, Expr, In, IsNull, Literal, Not, Or, and_
+from .predicates import _FLIP, StatsRange, _compare_values, _in_as_or, _is_nan, file_may_match, stats_range
 from .schema import DataType
 from .stats import StatsLeaf, parse_stats_of
 
@@ -226,6 +226,34 @@ def may_match_mask(expr: Expr, columns: Mapping[str, ColumnBounds], num_files: i
             deciding file by file, which the caller must then do).
     """
     return _Evaluator(columns, num_files).truth(expr).t
+
+
+def may_match_conjuncts(
+    conjuncts: Sequence[Expr],
+    columns: Mapping[str, ColumnBounds],
+    num_files: int,
+    stats_texts: Callable[[np.ndarray], Sequence[str | None]],
+    leaves: Collection[StatsLeaf],
+) -> np.ndarray:
+    """Per file, ``file_may_match(and_(*conjuncts), {}, parse_stats_of(text, leaves))``.
+
+    A file may match an AND exactly when it may match each part, so each conjunct is judged on
+    its own, on the statistics arrays ``columns``; one the arrays cannot answer exactly is
+    judged by the per-file reference, from ``stats_texts`` of the files still selected.
+    """
+    keep = np.ones(num_files, dtype=bool)
+    per_file: list[Expr] = []
+    for conjunct in conjuncts:
+        try:
+            keep &= may_match_mask(conjunct, columns, num_files)
+        except CannotVectorize:
+            per_file.append(conjunct)
+    if per_file and keep.any():
+        check = and_(*per_file)
+        survivors = np.flatnonzero(keep)
+        keep[survivors] = [file_may_match(check, {}, parse_stats_of(text, leaves))
+                           for text in stats_texts(survivors)]
+    return keep
 
 
 class _Evaluator:

@@ -25,7 +25,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from airflow_delta_occ.engine import DeltaLog, LogCorruptError, stats_columns
-from airflow_delta_occ.engine import snapshot as snapshot_module
 from airflow_delta_occ.engine.expressions import (
     And,
     Column,
@@ -353,7 +352,7 @@ def test_files_matching_selects_what_the_reference_selects(history: Any, exprs: 
     before, checkpoint, after = history
     exprs = exprs + [And(data.draw(predicates(("p", "q"))), e) for e in exprs]
     mask = _some_conjuncts_per_file if fallback else may_match_mask
-    with tempfile.TemporaryDirectory() as root, mock.patch.object(snapshot_module, "may_match_mask", mask):
+    with tempfile.TemporaryDirectory() as root, mock.patch.object(stats_columns, "may_match_mask", mask):
         log = _write(root, before, checkpoint)
         snapshot = DeltaLog.for_table(root).snapshot()
         bound = [snapshot.bind(e) for e in exprs]

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from _report import write_section  # (run as a script: benchmarks/ is on sys.path)
 
-from airflow_delta_occ.engine import AddFile, DeltaLog, Transaction, check_winning_commit
+from airflow_delta_occ.engine import DeltaLog, Transaction, check_winning_commit
+from airflow_delta_occ.engine.actions import AddFile
 from airflow_delta_occ.engine.conflicts import WinningCommit
 
 SCHEMA = json.dumps({"type": "struct", "fields": [

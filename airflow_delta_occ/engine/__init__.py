@@ -1,9 +1,14 @@
 """The commit engine: reads Delta transaction logs without Spark or Airflow.
 
 Import purity is a contract (checked by a test): this package depends on the standard library,
-pyarrow and numpy only, so the scheduler, triggerer and sensors can all use it. Its names load
-lazily: importing a submodule that needs neither (expressions, the SQL parser, errors) does not
-load pyarrow or numpy, which matters for operators, cluster policies and triggers.
+pyarrow and numpy only, so the scheduler, triggerer and sensors can all use it. pyarrow and numpy
+load only with columnar file state (a checkpoint read, its rows judged as arrays): footprints,
+verdicts, conflict checks, expressions and the error tree import without them, which matters for
+operators, cluster policies and triggers. The names below load lazily, on first use.
+
+The public surface is small: a table's log and snapshots, engine commits, planning footprints and
+their verdicts, the commit-time check, expressions as JSON, and the error tree. Everything else is
+imported from its submodule (``from airflow_delta_occ.engine.planner import TableState``).
 
 Example::
 
@@ -22,142 +27,64 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from .errors import (
+    CommitError,
+    CommitRetriesExceededError,
+    ConcurrentAppendException,
+    ConcurrentDeleteDeleteException,
+    ConcurrentDeleteReadException,
+    ConcurrentTransactionException,
+    ConcurrentWriteException,
+    DeltaConcurrentModificationException,
+    DeltaOccError,
+    ExpressionDecodeError,
+    FileAlreadyExistsError,
+    FootprintDecodeError,
+    InvalidCommitError,
+    InvalidLiteralError,
+    InvalidVersionError,
+    LogCorruptError,
+    LogError,
+    MetadataChangedException,
+    PredicateError,
+    PredicateSyntaxError,
+    ProtocolChangedException,
+    StorageError,
+    TableNotFoundError,
+    UnknownColumnError,
+    UnsupportedProtocolError,
+    UnsupportedStorageError,
+    VersionNotFoundError,
+)
+
 if TYPE_CHECKING:
-    from .actions import (
-        AddCDCFile,
-        AddFile,
-        CheckpointMetadata,
-        CommitInfo,
-        DeletionVectorDescriptor,
-        DomainMetadata,
-        Metadata,
-        Protocol,
-        RemoveFile,
-        SetTransaction,
-        Sidecar,
-        Version,
-    )
-    from .conflicts import IsolationLevel, PendingCommit, WinningCommit, check_winning_commit, isolation_to_use
-    from .errors import (
-        CONFLICT_EXCEPTIONS,
-        CommitError,
-        CommitRetriesExceededError,
-        ConcurrentAppendException,
-        ConcurrentDeleteDeleteException,
-        ConcurrentDeleteReadException,
-        ConcurrentTransactionException,
-        ConcurrentWriteException,
-        DeltaConcurrentModificationException,
-        DeltaOccError,
-        ExpressionDecodeError,
-        FileAlreadyExistsError,
-        FootprintDecodeError,
-        InvalidCommitError,
-        InvalidLiteralError,
-        InvalidVersionError,
-        LogCorruptError,
-        LogError,
-        MetadataChangedException,
-        PredicateError,
-        PredicateSyntaxError,
-        ProtocolChangedException,
-        StorageError,
-        TableNotFoundError,
-        UnknownColumnError,
-        UnsupportedProtocolError,
-        UnsupportedStorageError,
-        VersionNotFoundError,
-    )
+    from .conflicts import IsolationLevel, check_winning_commit
     from .expr_json import expr_from_json, expr_to_json
-    from .object_store import (
-        AzureCredentials,
-        GcsCredentials,
-        S3Credentials,
-        StorageCredentials,
-        StoreKind,
-        TableLocation,
-        parse_table_uri,
-        store_scheme,
-    )
-    from .schema import ArrayType, DataType, DecimalType, MapType, PrimitiveType, StructField, StructType
-    from .snapshot import SUPPORTED_READER_FEATURES, Commit, DeltaLog, Snapshot
-    from .storage import FileMeta, LocalStorage, PyArrowStorage, Storage
+    from .planner import Footprint, Operation, Verdict, can_conflict, plan_footprint
+    from .snapshot import Commit, DeltaLog, Snapshot
     from .transaction import CommitResult, Transaction
 
 # Public name -> the submodule that defines it (imported on first use).
 _LAZY: dict[str, str] = {
-    "AddCDCFile": "actions",
-    "AddFile": "actions",
-    "ArrayType": "schema",
-    "AzureCredentials": "object_store",
-    "CONFLICT_EXCEPTIONS": "errors",
-    "CheckpointMetadata": "actions",
-    "Commit": "snapshot",
-    "CommitError": "errors",
-    "CommitInfo": "actions",
-    "CommitResult": "transaction",
-    "CommitRetriesExceededError": "errors",
-    "ConcurrentAppendException": "errors",
-    "ConcurrentDeleteDeleteException": "errors",
-    "ConcurrentDeleteReadException": "errors",
-    "ConcurrentTransactionException": "errors",
-    "ConcurrentWriteException": "errors",
-    "DataType": "schema",
-    "DecimalType": "schema",
-    "DeletionVectorDescriptor": "actions",
-    "DeltaConcurrentModificationException": "errors",
+    # reading a table
     "DeltaLog": "snapshot",
-    "DeltaOccError": "errors",
-    "DomainMetadata": "actions",
-    "ExpressionDecodeError": "errors",
-    "FileAlreadyExistsError": "errors",
-    "FileMeta": "storage",
-    "FootprintDecodeError": "errors",
-    "GcsCredentials": "object_store",
-    "InvalidCommitError": "errors",
-    "InvalidLiteralError": "errors",
-    "InvalidVersionError": "errors",
-    "IsolationLevel": "conflicts",
-    "LocalStorage": "storage",
-    "LogCorruptError": "errors",
-    "LogError": "errors",
-    "MapType": "schema",
-    "Metadata": "actions",
-    "MetadataChangedException": "errors",
-    "PendingCommit": "conflicts",
-    "PredicateError": "errors",
-    "PredicateSyntaxError": "errors",
-    "PrimitiveType": "schema",
-    "Protocol": "actions",
-    "ProtocolChangedException": "errors",
-    "PyArrowStorage": "storage",
-    "RemoveFile": "actions",
-    "S3Credentials": "object_store",
-    "SUPPORTED_READER_FEATURES": "snapshot",
-    "SetTransaction": "actions",
-    "Sidecar": "actions",
     "Snapshot": "snapshot",
-    "Storage": "storage",
-    "StorageCredentials": "object_store",
-    "StorageError": "errors",
-    "StoreKind": "object_store",
-    "StructField": "schema",
-    "StructType": "schema",
-    "TableLocation": "object_store",
-    "TableNotFoundError": "errors",
+    "Commit": "snapshot",
+    # committing through the engine
     "Transaction": "transaction",
-    "UnknownColumnError": "errors",
-    "UnsupportedProtocolError": "errors",
-    "UnsupportedStorageError": "errors",
-    "Version": "actions",
-    "VersionNotFoundError": "errors",
-    "WinningCommit": "conflicts",
+    "CommitResult": "transaction",
+    # planning: what a job will touch, and whether two jobs can conflict
+    "plan_footprint": "planner",
+    "Footprint": "planner",
+    "Operation": "planner",
+    "can_conflict": "planner",
+    "Verdict": "planner",
+    # the commit-time check, as delta-spark decides it
     "check_winning_commit": "conflicts",
-    "expr_from_json": "expr_json",
+    "IsolationLevel": "conflicts",
+    # expressions as JSON (job specs, leases, trigger arguments)
     "expr_to_json": "expr_json",
-    "isolation_to_use": "conflicts",
-    "parse_table_uri": "object_store",
-    "store_scheme": "object_store",
+    "expr_from_json": "expr_json",
 }
 
 
@@ -170,17 +97,13 @@ def __getattr__(name: str) -> Any:
     return value
 
 
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
+
 __all__ = [
-    "CONFLICT_EXCEPTIONS",
-    "SUPPORTED_READER_FEATURES",
-    "AddCDCFile",
-    "AddFile",
-    "ArrayType",
-    "AzureCredentials",
-    "CheckpointMetadata",
     "Commit",
     "CommitError",
-    "CommitInfo",
     "CommitResult",
     "CommitRetriesExceededError",
     "ConcurrentAppendException",
@@ -188,59 +111,36 @@ __all__ = [
     "ConcurrentDeleteReadException",
     "ConcurrentTransactionException",
     "ConcurrentWriteException",
-    "DataType",
-    "DecimalType",
-    "DeletionVectorDescriptor",
     "DeltaConcurrentModificationException",
     "DeltaLog",
     "DeltaOccError",
-    "DomainMetadata",
     "ExpressionDecodeError",
     "FileAlreadyExistsError",
-    "FileMeta",
+    "Footprint",
     "FootprintDecodeError",
-    "GcsCredentials",
     "InvalidCommitError",
     "InvalidLiteralError",
     "InvalidVersionError",
     "IsolationLevel",
-    "LocalStorage",
     "LogCorruptError",
     "LogError",
-    "MapType",
-    "Metadata",
     "MetadataChangedException",
-    "PendingCommit",
+    "Operation",
     "PredicateError",
     "PredicateSyntaxError",
-    "PrimitiveType",
-    "Protocol",
     "ProtocolChangedException",
-    "PyArrowStorage",
-    "RemoveFile",
-    "S3Credentials",
-    "SetTransaction",
-    "Sidecar",
     "Snapshot",
-    "Storage",
-    "StorageCredentials",
     "StorageError",
-    "StoreKind",
-    "StructField",
-    "StructType",
-    "TableLocation",
     "TableNotFoundError",
     "Transaction",
     "UnknownColumnError",
     "UnsupportedProtocolError",
     "UnsupportedStorageError",
-    "Version",
+    "Verdict",
     "VersionNotFoundError",
-    "WinningCommit",
+    "can_conflict",
     "check_winning_commit",
     "expr_from_json",
     "expr_to_json",
-    "isolation_to_use",
-    "parse_table_uri",
-    "store_scheme",
+    "plan_footprint",
 ]

@@ -24,7 +24,7 @@ from ..spark.jobs import context, create_sales, rows
 def s3_connect(s3_spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A Connect server with delta-spark and the S3 connector on its classpath, and no S3 settings:
     the endpoint and keys come from each job's session."""
-    from airflow_delta_occ.engine import StoreKind
+    from airflow_delta_occ.engine.object_store import StoreKind
 
     conf = delta_submit_conf()
     conf["spark.jars.packages"] += "," + ",".join(connector_packages([StoreKind.S3]))

@@ -44,7 +44,8 @@ def test_engine_reads_the_table_spark_wrote_with_the_connections_credentials(
 
 
 def test_a_missing_bucket_or_an_unreachable_store_is_typed_and_names_the_table(s3_connection: str) -> None:
-    from airflow_delta_occ.engine import S3Credentials, TableNotFoundError
+    from airflow_delta_occ.engine import TableNotFoundError
+    from airflow_delta_occ.engine.object_store import S3Credentials
 
     good = storage_credentials(s3_connection)
     with pytest.raises(TableNotFoundError, match=f"{BUCKET}-missing/sales"):

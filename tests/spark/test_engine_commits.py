@@ -12,8 +12,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_delta_occ.engine import AddFile, DeltaLog, ProtocolChangedException, Transaction, check_winning_commit
-from airflow_delta_occ.engine.actions import parse_json_actions
+from airflow_delta_occ.engine import DeltaLog, ProtocolChangedException, Transaction, check_winning_commit
+from airflow_delta_occ.engine.actions import AddFile, parse_json_actions
 from airflow_delta_occ.engine.conflicts import WinningCommit
 
 from .differential.harness import run_interleaved

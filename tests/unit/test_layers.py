@@ -42,3 +42,25 @@ def test_pure_layers_import_neither_airflow_nor_spark() -> None:
 
 def test_the_airflow_side_loads_no_pyarrow_numpy_or_spark_until_a_table_is_read() -> None:
     assert _loaded_after_import(AIRFLOW_SIDE, ("pyarrow", "numpy", "pyspark", "py4j", "delta")) == []
+
+
+def test_footprint_and_verdict_types_load_without_pyarrow_or_numpy() -> None:
+    """Pools, sensors and triggers judge footprints and verdicts; only a checkpoint's rows need the arrays."""
+    code = (
+        "import sys\n"
+        "from airflow_delta_occ.engine.planner import Footprint, Operation, TableState, Verdict, can_conflict,"
+        " plan_footprint, verdict\n"
+        "from airflow_delta_occ.engine.conflicts import IsolationLevel, PendingCommit, WinningCommit,"
+        " check_winning_commit\n"
+        "from airflow_delta_occ.engine.transaction import CommitResult, Transaction\n"
+        "from airflow_delta_occ.engine.errors import ConflictKind, DeltaConcurrentModificationException\n"
+        "from airflow_delta_occ.engine.expressions import Expr\n"
+        "from airflow_delta_occ.engine.predicates import bind, file_may_match\n"
+        "from airflow_delta_occ.engine.expr_json import expr_from_json, expr_to_json\n"
+        "import airflow_delta_occ.engine as engine\n"
+        "[getattr(engine, name) for name in engine.__all__]\n"
+        "print(sorted(m for m in ('pyarrow', 'numpy') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -22,7 +22,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from airflow_delta_occ.engine import DeltaLog, DeltaOccError, LogCorruptError, WinningCommit
+from airflow_delta_occ.engine import DeltaLog, DeltaOccError, LogCorruptError
+from airflow_delta_occ.engine.conflicts import WinningCommit
 from airflow_delta_occ.engine.stats import parse_file_stats
 
 from .logbuilder import SCHEMA, LogBuilder, add, commit_info, domain, dv, metadata, protocol, remove, txn

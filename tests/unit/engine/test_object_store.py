@@ -5,17 +5,17 @@ from __future__ import annotations
 import pyarrow.fs as pafs
 import pytest
 
-from airflow_delta_occ.engine import (
+from airflow_delta_occ.engine import DeltaLog, UnsupportedStorageError
+from airflow_delta_occ.engine.object_store import (
     AzureCredentials,
-    DeltaLog,
     GcsCredentials,
     S3Credentials,
     StoreKind,
-    UnsupportedStorageError,
+    canonical_location,
+    open_filesystem,
     parse_table_uri,
     store_scheme,
 )
-from airflow_delta_occ.engine.object_store import canonical_location, open_filesystem
 from airflow_delta_occ.engine.storage import LocalStorage, PyArrowStorage, resolve_table
 
 

@@ -169,3 +169,29 @@ def test_merge_with_not_matched_by_source_rewrites_every_file(tmp_path):
     # A blind append into FR reads nothing: it commits after the MERGE, as on delta-spark.
     fr_append = fp(snap, Operation.INSERT, write_partitions=[{"date": "2024-01-01", "country": "FR"}])
     assert not verdict(winner=nmbs, loser=fr_append, snapshot=snap)
+
+
+def test_planning_on_partitions_of_a_table_without_checkpoint_loads_neither_pyarrow_nor_numpy(tmp_path):
+    """Columnar state is loaded for a checkpoint's rows or a statistics filter, not to plan on partitions."""
+    import json
+    import subprocess
+    import sys
+
+    root = _table(tmp_path).log.table_uri
+    code = (
+        "import sys\n"
+        "from airflow_delta_occ.engine import DeltaLog, Footprint, Operation, can_conflict, plan_footprint\n"
+        "from airflow_delta_occ.engine.planner import TableState\n"
+        f"snap = DeltaLog.for_table({root!r}).snapshot()\n"
+        "de = plan_footprint(snap, Operation.MERGE, \"country = 'DE'\", label='de')\n"
+        "fr = plan_footprint(snap, Operation.UPDATE, \"country = 'FR'\", label='fr')\n"
+        "state = TableState.of(snap)\n"
+        "v = can_conflict(Footprint.from_json(de.to_json()), fr, TableState.from_json(state.to_json()))\n"
+        "plain = sorted(m for m in ('pyarrow', 'numpy') if m in sys.modules)\n"
+        "stats = [f.path for f in snap.files_matching(\"country = 'DE' AND id >= 10\")]\n"
+        "print(__import__('json').dumps([v.conflict, sorted(de.read_files), plain, stats]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    conflict, read, loaded, stats = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (conflict, read, loaded, stats) == (True, ["DE-0.parquet", "DE-1.parquet"], [], ["DE-1.parquet"])

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from airflow_delta_occ.engine import (
-    AddFile,
     DeltaLog,
     InvalidVersionError,
     LogCorruptError,
@@ -20,6 +19,7 @@ from airflow_delta_occ.engine import (
     UnsupportedProtocolError,
     VersionNotFoundError,
 )
+from airflow_delta_occ.engine.actions import AddFile
 
 from .logbuilder import LogBuilder, add, commit_info, domain, dv, metadata, protocol, remove, txn
 

@@ -14,7 +14,6 @@ import threading
 import pytest
 
 from airflow_delta_occ.engine import (
-    AddFile,
     ConcurrentAppendException,
     ConcurrentDeleteDeleteException,
     ConcurrentDeleteReadException,
@@ -22,13 +21,12 @@ from airflow_delta_occ.engine import (
     DeltaLog,
     InvalidCommitError,
     IsolationLevel,
-    Metadata,
     MetadataChangedException,
-    Protocol,
     ProtocolChangedException,
     Transaction,
     UnsupportedProtocolError,
 )
+from airflow_delta_occ.engine.actions import AddFile, Metadata, Protocol
 from airflow_delta_occ.engine.errors import CommitRetriesExceededError
 
 from .logbuilder import SCHEMA, LogBuilder, add, commit_info, metadata, protocol

@@ -19,7 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from airflow_delta_occ.engine import AddFile, DeltaConcurrentModificationException, DeltaLog, Transaction
+from airflow_delta_occ.engine import DeltaConcurrentModificationException, DeltaLog, Transaction
+from airflow_delta_occ.engine.actions import AddFile
 
 from .logbuilder import LogBuilder, commit_info, metadata, protocol
 

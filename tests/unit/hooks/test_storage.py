@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from airflow_delta_occ.engine import AzureCredentials, GcsCredentials, S3Credentials
+from airflow_delta_occ.engine.object_store import AzureCredentials, GcsCredentials, S3Credentials
 from airflow_delta_occ.exceptions import ProviderConfigError, StorageConnectionError, UnsafeLogStoreError
 from airflow_delta_occ.hooks.delta import DeltaSparkHook
 from airflow_delta_occ.hooks.storage import credentials_for, credentials_from_fields, storage_credentials

@@ -31,6 +31,7 @@ from .checks import (
     refuse_moving_rows,
     typed_operands,
 )
+from .operations import ClauseKind, JobOperation
 from .partitions import (
     PartitionFilter,
     build_partition_filter,
@@ -47,8 +48,6 @@ if TYPE_CHECKING:  # reading a table loads pyarrow; building a spec from a snaps
 
 #: What ``source_outside_partitions=`` may say.
 SOURCE_OUTSIDE_ACTIONS = ("fail", "drop")
-# Clauses whose rows come from the source: the partition values they write.
-_WRITES_FROM_SOURCE_ALL = frozenset({"matched_update_all", "not_matched_insert_all"})
 
 Warn = Callable[[str], object]
 
@@ -146,7 +145,7 @@ class _Build:
                 "retry_policies": target.retry_policies, "source_outside": target.source_outside,
                 "partition_filter": pfilter.to_expr(), "partitions": pfilter.serialized()}
 
-    def check_constrained(self, operation: str, condition: Expr | None, alias: str | None) -> None:
+    def check_constrained(self, operation: JobOperation, condition: Expr | None, alias: str | None) -> None:
         """Warn, or refuse under ``strict_partitions``, when the final condition confines no partition."""
         snapshot = self.snapshot
         if not snapshot.partition_columns:
@@ -178,14 +177,14 @@ def _merge(build: _Build, args: MergeArguments) -> JobSpec:
     pfilter = build.partition_filter()
     confined = pfilter.to_expr(args.target_alias)
     condition = conjoin_exprs(on, confined)
-    build.check_constrained("merge", condition, args.target_alias)
+    build.check_constrained(JobOperation.MERGE, condition, args.target_alias)
     clauses = []
     writes: list[dict[str, str]] = []
     source_prefix = f"{render_identifier(args.source_alias)}."
     for i, c in enumerate(check_clauses(args.clauses)):
-        kind = c["kind"]
+        kind = ClauseKind(c["kind"])
         tree = parse_expression(c["condition"], f"clauses[{i}].condition") if c.get("condition") else None
-        if kind.startswith("not_matched_by_source"):  # rows of other partitions are "not matched by source" too
+        if kind.by_source:  # rows of other partitions are "not matched by source" too
             tree = conjoin_exprs(confined, tree)
         cond = to_sql(tree) if tree is not None else None
         values: dict[str, str] = {}
@@ -194,24 +193,24 @@ def _merge(build: _Build, args: MergeArguments) -> JobSpec:
             if name in values:
                 raise JobSpecError(f"clauses[{i}].set names {name!r} twice")
             expr = parse_expression(str(value), f"clauses[{i}].set[{key}]")
-            if pfilter and kind != "not_matched_insert":
+            if pfilter and kind is not ClauseKind.NOT_MATCHED_INSERT:
                 refuse_moving_rows(snapshot, name, f"clauses[{i}] ({kind})")
-            if pfilter and kind == "not_matched_insert" and is_partition_column(snapshot, name) \
+            if pfilter and kind is ClauseKind.NOT_MATCHED_INSERT and is_partition_column(snapshot, name) \
                     and not is_deterministic(expr):
                 raise JobSpecError(f"clauses[{i}].set[{key}] writes partition column {name!r} with a "
                                    "non-deterministic expression: the rows it inserts cannot be checked "
                                    "against partitions= before they are written")
             values[name] = to_sql(expr)
-        if kind in _WRITES_FROM_SOURCE_ALL:
+        if kind.copies_source_row:
             writes.append({c: source_prefix + render_identifier(c) for c in pfilter.columns})
-        elif kind == "not_matched_insert" and pfilter:
+        elif kind is ClauseKind.NOT_MATCHED_INSERT and pfilter:
             missing = [c for c in pfilter.columns if c not in values]
             if missing:
                 raise JobSpecError(f"clauses[{i}] (not_matched_insert) does not set partition column(s) "
                                    f"{', '.join(missing)}: its rows would land outside the partitions")
             writes.append({c: f"({values[c]})" for c in pfilter.columns})
         clauses.append(MergeClause(kind=kind, condition=cond, set=values))
-    if not pfilter and any(c.kind.startswith("not_matched_by_source") for c in clauses):
+    if not pfilter and any(c.kind.by_source for c in clauses):
         message = ("a MERGE with NOT MATCHED BY SOURCE clauses and no partitions= applies them to every row of "
                    "the table that the source does not match, in every partition")
         if strict:
@@ -222,7 +221,7 @@ def _merge(build: _Build, args: MergeArguments) -> JobSpec:
             "strict_partitions needs partitions= on a MERGE: only then are its NOT MATCHED BY SOURCE clauses and "
             "its source rows confined too, not just its ON condition")
     checks = list(dict.fromkeys(pfilter.over(typed_operands(w, pfilter), w) for w in writes)) if pfilter else []
-    return JobSpec(operation="merge", **build.common(pfilter), source=args.source, condition=condition,
+    return JobSpec(operation=JobOperation.MERGE, **build.common(pfilter), source=args.source, condition=condition,
                    clauses=tuple(clauses), target_alias=args.target_alias, source_alias=args.source_alias,
                    source_check=conjoin(*checks), source_values=writes[0] if checks else {})
 
@@ -231,7 +230,7 @@ def _update(build: _Build, args: UpdateArguments) -> JobSpec:
     where = parse_expression(args.where, "where") if args.where else None
     pfilter = build.partition_filter()
     condition = conjoin_exprs(where, pfilter.to_expr())
-    build.check_constrained("update", condition, None)
+    build.check_constrained(JobOperation.UPDATE, condition, None)
     values: dict[str, str] = {}
     for key, value in args.set.items():
         name = column_name(build.snapshot, key, "set")
@@ -240,7 +239,7 @@ def _update(build: _Build, args: UpdateArguments) -> JobSpec:
         if pfilter:
             refuse_moving_rows(build.snapshot, name, "the UPDATE")
         values[name] = render_expression(str(value), f"set[{key}]")
-    return JobSpec(operation="update", **build.common(pfilter), condition=condition, set=values)
+    return JobSpec(operation=JobOperation.UPDATE, **build.common(pfilter), condition=condition, set=values)
 
 
 def _delete(build: _Build, args: DeleteArguments) -> JobSpec:
@@ -249,8 +248,8 @@ def _delete(build: _Build, args: DeleteArguments) -> JobSpec:
     condition = conjoin_exprs(where, pfilter.to_expr())
     if condition is None:
         raise JobSpecError("DeltaDeleteOperator needs where= or partitions= (deleting everything is refused)")
-    build.check_constrained("delete", condition, None)
-    return JobSpec(operation="delete", **build.common(pfilter), condition=condition)
+    build.check_constrained(JobOperation.DELETE, condition, None)
+    return JobSpec(operation=JobOperation.DELETE, **build.common(pfilter), condition=condition)
 
 
 def _optimize(build: _Build, args: OptimizeArguments) -> JobSpec:
@@ -265,8 +264,9 @@ def _optimize(build: _Build, args: OptimizeArguments) -> JobSpec:
             raise JobSpecError(f"zorder_by names {name!r} twice")
         columns.append(name)
     condition = pfilter.to_expr()
-    build.check_constrained("optimize", condition, None)
-    return JobSpec(operation="optimize", **build.common(pfilter), condition=condition, zorder_by=tuple(columns))
+    build.check_constrained(JobOperation.OPTIMIZE, condition, None)
+    return JobSpec(operation=JobOperation.OPTIMIZE, **build.common(pfilter), condition=condition,
+                   zorder_by=tuple(columns))
 
 
 def _append(build: _Build, args: AppendArguments) -> JobSpec:
@@ -275,14 +275,15 @@ def _append(build: _Build, args: AppendArguments) -> JobSpec:
         raise MissingPartitionConstraintError(
             f"strict_partitions needs partitions= on an append to {build.target.table.label}: only then are "
             "its rows checked to land in the partitions it names")
-    return JobSpec(operation="append", **build.common(pfilter), source=args.source, **build.source_check(pfilter))
+    return JobSpec(operation=JobOperation.APPEND, **build.common(pfilter), source=args.source,
+                   **build.source_check(pfilter))
 
 
 def _overwrite_partitions(build: _Build, args: OverwritePartitionsArguments) -> JobSpec:
     pfilter = build.partition_filter()
     if not pfilter:
         raise JobSpecError("DeltaOverwritePartitionsOperator needs partitions= (it must not replace everything)")
-    return JobSpec(operation="overwrite_partitions", **build.common(pfilter), condition=pfilter.to_expr(),
+    return JobSpec(operation=JobOperation.OVERWRITE_PARTITIONS, **build.common(pfilter), condition=pfilter.to_expr(),
                    **build.source_check(pfilter), source=args.source)
 
 

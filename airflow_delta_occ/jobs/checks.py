@@ -15,13 +15,13 @@ from airflow_delta_occ.engine.errors import PredicateSyntaxError
 from airflow_delta_occ.engine.sql_parser import tokenize
 from airflow_delta_occ.exceptions import JobSpecError
 
+from .operations import ClauseKind
 from .partitions import PartitionFilter, parse_expression
 from .queries import check_source_query
 from .text import refuse_substitution
 
 if TYPE_CHECKING:  # reading a table loads pyarrow; the checks themselves do not need it
     from airflow_delta_occ.engine.snapshot import Snapshot
-from .spec import MergeClause
 
 CLAUSE_FIELDS = frozenset({"kind", "condition", "set"})
 
@@ -76,17 +76,17 @@ def check_clauses(clauses: Any) -> list[dict[str, Any]]:
         if unknown:
             raise JobSpecError(f"clauses[{i}] has unknown field(s) {sorted(map(str, unknown))}; "
                                f"expected {sorted(CLAUSE_FIELDS)}")
-        kind = clause.get("kind")
-        if kind not in MergeClause.KINDS:
-            raise JobSpecError(f"clauses[{i}]: unknown merge clause kind {kind!r}; expected one of "
-                               f"{', '.join(MergeClause.KINDS)}")
+        try:
+            kind = ClauseKind(str(clause.get("kind")))
+        except ValueError:
+            raise JobSpecError(f"clauses[{i}]: unknown merge clause kind {clause.get('kind')!r}; expected one of "
+                               f"{', '.join(ClauseKind)}") from None
         values = clause.get("set")
         if values is not None and not isinstance(values, Mapping):
             raise JobSpecError(f"clauses[{i}].set must be a mapping of column to SQL expression")
-        takes_set = kind in ("matched_update", "not_matched_insert", "not_matched_by_source_update")
-        if takes_set and not values:
+        if kind.takes_set and not values:
             raise JobSpecError(f"clauses[{i}]: {kind} needs a non-empty set mapping")
-        if not takes_set and values:
+        if not kind.takes_set and values:
             raise JobSpecError(f"clauses[{i}]: {kind} takes no set mapping")
         condition = clause.get("condition")
         if condition is not None:

@@ -25,10 +25,6 @@ from airflow_delta_occ.engine.values import parse_partition_value
 
 from .spec import JobSpec
 
-ENGINE_OPERATIONS: Mapping[str, Operation] = {
-    "merge": Operation.MERGE, "update": Operation.UPDATE, "delete": Operation.DELETE,
-    "optimize": Operation.OPTIMIZE, "append": Operation.INSERT, "overwrite_partitions": Operation.REPLACE_WHERE,
-}
 MAX_WRITE_PARTITIONS = 4096
 
 
@@ -36,7 +32,7 @@ def engine_operation(spec: JobSpec) -> Operation:
     """The planner's operation kind for a job (Z-ordering is its own kind)."""
     if spec.operation == "optimize" and spec.zorder_by:
         return Operation.OPTIMIZE_ZORDER
-    return ENGINE_OPERATIONS[spec.operation]
+    return Operation(spec.operation.engine_name)
 
 
 def write_partitions(spec: JobSpec, snapshot: Snapshot) -> list[dict[str, Any]] | None:
@@ -77,7 +73,7 @@ def footprint_of(spec: JobSpec, snapshot: Snapshot) -> Footprint:
     """What ``spec`` reads and writes on ``snapshot``, for the planner's conflict verdicts."""
     op = engine_operation(spec)
     writes = write_partitions(spec, snapshot) if op in (Operation.MERGE, Operation.INSERT) else None
-    reads_whole_table = op is Operation.MERGE and any(c.kind.startswith("not_matched_by_source")
+    reads_whole_table = op is Operation.MERGE and any(c.kind.by_source
                                                       for c in spec.clauses)
     predicate = spec.condition if op is not Operation.INSERT else None
     return plan_footprint(

@@ -22,9 +22,8 @@ from airflow_delta_occ.engine.expressions import Expr, references, split_conjunc
 from airflow_delta_occ.engine.sql_parser import parse_predicate, to_sql
 from airflow_delta_occ.exceptions import JobSpecError
 
+from .operations import ClauseKind, JobOperation
 from .text import refuse_substitution
-
-OPERATIONS = ("merge", "update", "delete", "optimize", "append", "overwrite_partitions")
 
 
 @dataclass(frozen=True)
@@ -63,21 +62,19 @@ class SourceRef:
 
 @dataclass(frozen=True)
 class MergeClause:
-    """One WHEN clause. ``kind``: matched_update, matched_update_all, matched_delete, not_matched_insert,
-    not_matched_insert_all, not_matched_by_source_update, not_matched_by_source_delete."""
+    """One WHEN clause (``kind``: a ``ClauseKind`` or its value)."""
 
-    kind: str
+    kind: ClauseKind
     condition: str | None = None
     set: Mapping[str, str] = field(default_factory=dict)
 
-    KINDS = ("matched_update", "matched_update_all", "matched_delete", "not_matched_insert",
-             "not_matched_insert_all", "not_matched_by_source_update", "not_matched_by_source_delete")
-
     def __post_init__(self) -> None:
-        if self.kind not in self.KINDS:
-            raise JobSpecError(f"unknown merge clause {self.kind!r}; expected one of {', '.join(self.KINDS)}")
-        needs_set = self.kind in ("matched_update", "not_matched_insert", "not_matched_by_source_update")
-        if needs_set and not self.set:
+        try:
+            object.__setattr__(self, "kind", ClauseKind(self.kind))
+        except ValueError:
+            raise JobSpecError(f"unknown merge clause {self.kind!r}; expected one of "
+                               f"{', '.join(ClauseKind)}") from None
+        if self.kind.takes_set and not self.set:
             raise JobSpecError(f"merge clause {self.kind} needs a non-empty set mapping")
 
 
@@ -132,7 +129,7 @@ class JobSpec:
     values (``None``: the NULL partition), by partition column.
     """
 
-    operation: str
+    operation: JobOperation
     target: TableRef
     run: RunIdentity
     source: SourceRef | None = None
@@ -154,9 +151,12 @@ class JobSpec:
     source_outside: str = "fail"
 
     def __post_init__(self) -> None:
-        if self.operation not in OPERATIONS:
-            raise JobSpecError(f"unknown operation {self.operation!r}; expected one of {', '.join(OPERATIONS)}")
-        if self.operation in ("merge", "append", "overwrite_partitions") and self.source is None:
+        try:
+            object.__setattr__(self, "operation", JobOperation(self.operation))
+        except ValueError:
+            raise JobSpecError(f"unknown operation {self.operation!r}; expected one of "
+                               f"{', '.join(JobOperation)}") from None
+        if self.operation.reads_source and self.source is None:
             raise JobSpecError(f"{self.operation} needs a source")
         if self.operation == "merge" and (self.condition is None or not self.clauses):
             raise JobSpecError("merge needs a condition and at least one clause")
@@ -215,10 +215,10 @@ class JobSpec:
         if names != {c.lower() for c in self.partitions}:
             raise JobSpecError(f"partition_filter names {sorted(names)}, partitions names {sorted(self.partitions)}")
         alias = self.target_alias if self.operation == "merge" else None
-        if self.operation in ("optimize", "overwrite_partitions"):
+        if self.operation.runs_its_partition_filter:
             if self.condition is not None and to_sql(self.condition) != to_sql(self.partition_filter):
                 raise JobSpecError(f"{self.operation} runs exactly its partition filter; condition differs from it")
-        elif self.operation != "append":
+        elif self.operation is not JobOperation.APPEND:
             conjuncts = {to_sql(c, qualifier=alias) for c in split_conjuncts(self.condition)} \
                 if self.condition is not None else set()
             missing = [c for c in split_conjuncts(self.partition_filter) if to_sql(c, qualifier=alias) not in conjuncts]
@@ -227,10 +227,9 @@ class JobSpec:
                                    + ", ".join(to_sql(c) for c in missing))
         for i, clause in enumerate(self.clauses):
             # Every row of another partition is "not matched by source": such a clause carries the predicate too.
-            if clause.kind.startswith("not_matched_by_source"):
+            if clause.kind.by_source:
                 _check_carries(clause.condition, self.partition_filter, alias, f"clauses[{i}] ({clause.kind})")
-        writes_source = self.operation in ("append", "overwrite_partitions") or any(
-            c.kind in ("matched_update_all", "not_matched_insert_all", "not_matched_insert") for c in self.clauses)
+        writes_source = self.operation.is_write or any(c.kind.writes_source_rows for c in self.clauses)
         if writes_source and self.source_check is None:
             raise JobSpecError("a job that writes source rows under partitions needs source_check")
 

@@ -8,7 +8,6 @@ Keeping the builders apart from the runner lets them be tested, and read, withou
 from __future__ import annotations
 
 from airflow_delta_occ.engine.sql_parser import render_identifier
-from airflow_delta_occ.exceptions import JobSpecError
 
 from .spec import JobSpec
 
@@ -31,12 +30,10 @@ def merge_sql(spec: JobSpec, source: str) -> str:
              f"USING {source} AS {render_identifier(spec.source_alias)} "
              f"ON {spec.condition_sql}"]
     for clause in spec.clauses:
-        scope = _clause_scope(clause.kind)
-        when = {"matched": "WHEN MATCHED", "not_matched": "WHEN NOT MATCHED",
-                "not_matched_by_source": "WHEN NOT MATCHED BY SOURCE"}[scope]
+        when = clause.kind.scope.when
         if clause.condition:
             when += f" AND ({clause.condition})"
-        action = clause.kind[len(scope) + 1:]
+        action = clause.kind.action
         if action == "update":
             parts.append(f"{when} THEN UPDATE SET {_assignments(dict(clause.set))}")
         elif action == "update_all":
@@ -49,13 +46,6 @@ def merge_sql(spec: JobSpec, source: str) -> str:
         else:
             parts.append(f"{when} THEN INSERT *")
     return "\n".join(parts)
-
-
-def _clause_scope(kind: str) -> str:
-    for scope in ("not_matched_by_source", "not_matched", "matched"):
-        if kind.startswith(scope + "_"):
-            return scope
-    raise JobSpecError(f"unknown merge clause {kind!r}")
 
 
 def statement_sql(spec: JobSpec, source_view: str | None, *, source: str | None = None) -> str | None:

@@ -36,9 +36,6 @@ from airflow_delta_occ.engine.snapshot import Commit, Snapshot
 
 from .spec import JobSpec
 
-# Jobs whose new files hold rows from a source (anywhere partitions= allows), not rewritten rows.
-_INSERTING = frozenset({"merge", "append", "overwrite_partitions"})
-
 
 @dataclass(frozen=True)
 class Escape:
@@ -65,7 +62,7 @@ def escapes(spec: JobSpec, footprint: Footprint, snapshot: Snapshot, commit: Com
             bounds = [confined, planned] if planned is not None else None
             change = "removed"
         elif isinstance(action, AddFile):
-            bounds = [confined] if spec.operation in _INSERTING else [confined, planned]
+            bounds = [confined] if spec.operation.reads_source else [confined, planned]
             change = "added"
         else:
             continue

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from airflow_delta_occ.exceptions import ProviderConfigError
+from airflow_delta_occ.jobs.operations import JobOperation
 
 if TYPE_CHECKING:
     from airflow_delta_occ.engine import Snapshot
@@ -110,15 +111,15 @@ class DeltaJobLineage:
     already_committed: bool = False
 
 
-#: Delta operations whose commit replaces data, reported as an OVERWRITE lifecycle change.
-OVERWRITING_OPERATIONS = frozenset({"overwrite_partitions"})
-#: Delta's name (``commitInfo.operation``) of the commit each job makes; DataFrame writes are WRITE.
-#: Reported before the commit is read back, and when nothing was committed.
-DELTA_OPERATION_NAMES: Mapping[str, str] = {
-    "merge": "MERGE", "update": "UPDATE", "delete": "DELETE", "optimize": "OPTIMIZE", "append": "WRITE",
-    "overwrite_partitions": "WRITE"}
 #: Delta tables store their data as Parquet (the storage facet, as the OpenLineage Spark integration sends it).
 DELTA_FILE_FORMAT = "parquet"
+
+
+def _delta_name(operation: str) -> str:
+    try:
+        return JobOperation(operation).delta_name
+    except ValueError:
+        return operation.upper()
 
 
 def _count(metrics: Mapping[str, str], *keys: str) -> int | None:
@@ -173,11 +174,12 @@ def operator_lineage(job: DeltaJobLineage) -> Any:
         facets["schema"] = SchemaDatasetFacet(fields=[SchemaDatasetFacetFields(name=n, type=t) for n, t in job.columns])
     if job.version is not None:
         facets["version"] = dataset_version_dataset.DatasetVersionDatasetFacet(datasetVersion=str(job.version))
-        if job.operation in OVERWRITING_OPERATIONS:
+        if job.operation == JobOperation.OVERWRITE_PARTITIONS:   # its commit replaces data
             facets["lifecycleStateChange"] = LifecycleStateChangeDatasetFacet(
                 lifecycleStateChange=LifecycleStateChange.OVERWRITE)
     facets[OPERATION_FACET_KEY] = DeltaOccOperationDatasetFacet(
-        operation=job.commit_operation or DELTA_OPERATION_NAMES.get(job.operation, job.operation.upper()),
+        # Delta's name of the commit, read back from the log; the job's own before that, or without a commit
+        operation=job.commit_operation or _delta_name(job.operation),
         kind=job.operation, version=job.version, readVersion=job.read_version,
         alreadyCommitted=job.already_committed, partitionPredicate=job.partition_predicate)
     if job.table_name:

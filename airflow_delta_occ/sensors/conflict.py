@@ -39,6 +39,7 @@ from airflow_delta_occ.hooks.leases import (
     route_to_airflow_pool,
 )
 from airflow_delta_occ.jobs.checks import templated
+from airflow_delta_occ.jobs.operations import JobOperation
 from airflow_delta_occ.jobs.partitions import (
     build_partition_filter,
     conjoin_exprs,
@@ -54,12 +55,11 @@ if TYPE_CHECKING:
     from airflow_delta_occ.pools.requests import LeaseRequest
 
 #: ``operation=`` -> the planner's operation (``airflow_delta_occ.engine.planner.Operation`` values):
-#: the provider's job names, then the planner's own for writers the operators do not cover.
+#: the provider's job operations, then the planner's own for writers the operators do not cover.
 SENSOR_OPERATIONS: Mapping[str, str] = {
-    "merge": "MERGE", "update": "UPDATE", "delete": "DELETE", "optimize": "OPTIMIZE",
-    "append": "INSERT", "overwrite_partitions": "REPLACE_WHERE",
-    "optimize_zorder": "OPTIMIZE_ZORDER", "overwrite": "OVERWRITE", "insert_self_read": "INSERT_SELF_READ",
-    "set_properties": "SET_PROPERTIES", "schema_change": "SCHEMA_CHANGE",
+    **{operation.value: operation.engine_name for operation in JobOperation},
+    **{name.lower(): name for name in ("OPTIMIZE_ZORDER", "OVERWRITE", "INSERT_SELF_READ", "SET_PROPERTIES",
+                                       "SCHEMA_CHANGE")},
 }
 #: Operations whose new files land only where ``partitions=`` pins them (they read no partition to write).
 _PLACED_BY_PARTITIONS = frozenset({"MERGE", "INSERT", "INSERT_SELF_READ"})

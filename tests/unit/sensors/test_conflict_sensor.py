@@ -297,12 +297,17 @@ def test_a_hostile_lease_in_the_xcom_releases_nothing(pools: Path, store: SqlLea
 
 
 def test_the_sensor_names_each_job_operation_as_the_operators_plan_it() -> None:
-    """SENSOR_OPERATIONS is spelled out (importing the planner at parse time would load pyarrow); it must
-    agree with the operators' mapping for every job operation."""
-    from airflow_delta_occ.jobs.footprint import ENGINE_OPERATIONS
+    """Every job operation is a sensor operation, planned as the operators plan it, and every sensor
+    operation is one of the planner's."""
+    from airflow_delta_occ.engine.planner import Operation
+    from airflow_delta_occ.jobs.footprint import engine_operation
+    from airflow_delta_occ.jobs.operations import JobOperation
     from airflow_delta_occ.sensors.conflict import SENSOR_OPERATIONS
 
-    assert {k: SENSOR_OPERATIONS[k] for k in ENGINE_OPERATIONS} == {k: v.value for k, v in ENGINE_OPERATIONS.items()}
+    assert {Operation(v) for v in SENSOR_OPERATIONS.values()} <= set(Operation)
+    for operation in JobOperation:
+        spec = type("Spec", (), {"operation": operation, "zorder_by": ()})()
+        assert SENSOR_OPERATIONS[operation.value] == engine_operation(spec)  # type: ignore[arg-type]
 
 
 def test_the_storage_connection_defaults_to_the_delta_occ_connections(tmp_path: Path, store: SqlLeaseStore,

@@ -9,13 +9,16 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
 AIRFLOW = [sys.executable, "-m", "airflow"]
 
 
+@pytest.hookimpl(tryfirst=True)  # before tests/conftest.py checks that every test has its tier
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under this folder is in the ``airflow`` tier (``make test-airflow``: ``pytest tests -m airflow``)."""
     for item in items:
-        if "tests/airflow/" in str(item.fspath):
+        if item.path.resolve().is_relative_to(HERE):
             item.add_marker(pytest.mark.airflow)
 
 

@@ -9,12 +9,23 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from ..pg import PostgresServer
 
+HERE = Path(__file__).resolve().parent
 _database_numbers = itertools.count(1)
+
+
+@pytest.hookimpl(tryfirst=True)  # before tests/conftest.py checks that every test has its tier
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under this folder is in the ``postgres`` tier (``make test-postgres``: ``pytest tests -m
+    postgres``)."""
+    for item in items:
+        if item.path.resolve().is_relative_to(HERE):
+            item.add_marker(pytest.mark.postgres)
 
 
 @pytest.fixture(scope="session")

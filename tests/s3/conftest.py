@@ -15,6 +15,7 @@ import json
 import os
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,14 +24,17 @@ from airflow_delta_occ.demo import free_port
 
 from ..servers import BIN, spawn, stop, wait_for
 
+HERE = Path(__file__).resolve().parent
 BUCKET = "lake"
 CONN_ID = "lake_s3"
 ACCESS_KEY, SECRET_KEY = "AKIDELTAOCCTEST", "delta-occ-test-secret"
 
 
+@pytest.hookimpl(tryfirst=True)  # before tests/conftest.py checks that every test has its tier
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under this folder is in the ``s3`` tier (``make test-s3``: ``pytest tests -m s3``)."""
     for item in items:
-        if "tests/s3/" in str(item.fspath):
+        if item.path.resolve().is_relative_to(HERE):
             item.add_marker(pytest.mark.s3)
 
 

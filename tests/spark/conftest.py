@@ -8,6 +8,7 @@ loudly: a skipped real-Spark test proves nothing.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from .differential.harness import gate_session_conf
 from .jobs import create_sales
 from .tables import TableSpec, build_table
 
+HERE = Path(__file__).resolve().parent
 TABLE_SPECS = [
     TableSpec("partitioned_classic", partitioned=True, deletion_vectors=False, checkpoint="classic"),
     TableSpec("partitioned_dv_multipart_colmap", partitioned=True, deletion_vectors=True,
@@ -32,9 +34,11 @@ TABLE_SPECS = [
 CONNECT_MARKER = ("spark.databricks.delta.properties.defaults.checkpointInterval", "7")
 
 
+@pytest.hookimpl(tryfirst=True)  # before tests/conftest.py checks that every test has its tier
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under this folder is in the ``spark`` tier (``make test-spark``: ``pytest tests -m spark``)."""
     for item in items:
-        if "tests/spark/" in str(item.fspath):
+        if item.path.resolve().is_relative_to(HERE):
             item.add_marker(pytest.mark.spark)
 
 

@@ -1,5 +1,6 @@
 """Shared unit fixtures: a small partitioned table whose Delta log is written by hand (no Spark), and a
-SQLite lease store that the ``delta_occ_leases`` connection names."""
+SQLite lease store that the ``delta_occ_leases`` connection names. Every test under this folder is marked
+``unit`` here, so none can be left out of ``make test-unit`` by a module that forgets its ``pytestmark``."""
 
 from __future__ import annotations
 
@@ -13,6 +14,16 @@ from airflow_delta_occ.engine import DeltaLog, Snapshot
 from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
 
 from .engine.logbuilder import LogBuilder, add, commit_info, metadata, protocol
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.hookimpl(tryfirst=True)  # before tests/conftest.py checks that every test has its tier
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under this folder is in the ``unit`` tier (``make test-unit``: ``pytest tests -m unit``)."""
+    for item in items:
+        if item.path.resolve().is_relative_to(HERE):
+            item.add_marker(pytest.mark.unit)
 
 
 @pytest.fixture

@@ -1,8 +1,10 @@
 """The lease store contract as tests, run against every store (memory, SQLite, PostgreSQL).
 
 A test module subclasses ``LeaseStoreContract`` and provides a ``store`` fixture; each test names the
-invariant of ``airflow_delta_occ.pools.leases.base`` it checks. TTL tests use real time (the SQL stores
-read the database's clock), with TTLs of a fraction of a second.
+invariant of ``airflow_delta_occ.pools.leases.base`` it checks. A TTL test whose claim needs a heartbeat to come
+in time (renewing, asking again) moves an injected clock (``clocked_store``), so a slow machine cannot break it.
+The tests that let the store's own clock run (the database's, for SQL stores) claim only what waiting longer
+cannot break: a request is gone after its TTL, never before its deadline on that clock (read from the audit).
 """
 
 from __future__ import annotations
@@ -61,7 +63,9 @@ def _at(moment: float) -> Any:
     return pytest.approx(moment, abs=1e-3)
 
 
-def _wait_until(check: Callable[[], bool], timeout: float = 5.0) -> None:
+def _wait_until(check: Callable[[], bool], timeout: float = 60.0) -> None:
+    """Poll ``check`` until it holds. The timeout only says the store did not hang: the expiry it waits for
+    is due in well under a second, and a slow machine only makes the wait longer, never the outcome different."""
     deadline = time.monotonic() + timeout
     while not check():
         assert time.monotonic() < deadline, "condition not reached in time"
@@ -188,33 +192,51 @@ class LeaseStoreContract:
             self, store: LeaseStore, request_for: Request) -> None:
         dead = store.acquire(request_for("dead", "UPDATE", "country = 'DE'", ttl=0.5))
         waiter = store.acquire(request_for("waiter", "UPDATE", "country = 'DE'", ttl=30))
-        assert dead.granted and not waiter.granted
+        assert dead.granted and not waiter.granted and dead.record is not None
         _wait_until(lambda: store.poll(waiter.request_id, "waiter").granted)
         kinds = [(e.owner, e.kind) for e in store.history()]
         assert ("dead", AuditKind.EXPIRE) in kinds
+        # on the store's clock, not before the dead holder's deadline (its grant plus its TTL)
+        expired = next(e for e in store.history() if e.owner == "dead" and e.kind is AuditKind.EXPIRE)
+        granted = next(e for e in store.history() if e.owner == "waiter" and e.kind is AuditKind.GRANT)
+        assert expired.at >= dead.record.expires_at - 1e-3 and granted.at >= expired.at
         with pytest.raises(LeaseLostError):
             store.renew(dead.request_id, "dead")
         assert store.release(dead.request_id, "dead") is False
 
-    def test_renewing_keeps_the_lease_past_its_ttl(self, store: LeaseStore, request_for: Request) -> None:
-        held = store.acquire(request_for("held", "UPDATE", "country = 'DE'", ttl=0.6))
-        waiter = store.acquire(request_for("waiter", "UPDATE", "country = 'DE'"))
-        deadline = time.monotonic() + 1.5
-        while time.monotonic() < deadline:
+    def test_renewing_keeps_the_lease_past_its_ttl(
+            self, clocked_store: LeaseStore, clock: Clock, request_for: Request) -> None:
+        """A holder renewing every heartbeat keeps its lease for three TTLs; once it stops, the lease ends one TTL
+        after its last renewal. (On the injected clock: with real time a slow machine that delays one renewal
+        past the TTL would take the lease away, as it should.)"""
+        store, ttl, t0 = clocked_store, 60.0, clock.now
+        held = store.acquire(request_for("held", "UPDATE", "country = 'DE'", ttl=ttl))
+        waiter = store.acquire(request_for("waiter", "UPDATE", "country = 'DE'", ttl=10 * ttl))  # outlives the test
+        assert held.granted and waiter.status is LeaseStatus.WAITING
+        for step in range(1, 10):   # a heartbeat every third of the TTL, for three TTLs
+            clock.now = t0 + step * ttl / 3
             record = store.renew(held.request_id, "held")
-            assert record.status is LeaseStatus.GRANTED
+            assert record.status is LeaseStatus.GRANTED and record.expires_at == _at(clock.now + ttl)
             assert store.poll(waiter.request_id, "waiter").status is LeaseStatus.WAITING
-            time.sleep(0.15)
-        assert AuditKind.RENEW in {e.kind for e in store.history()}
+        last = clock.now
+        assert sum(e.kind is AuditKind.RENEW for e in store.history()) == 9
+        clock.now = last + ttl - 0.01
+        assert store.poll(waiter.request_id, "waiter").status is LeaseStatus.WAITING
+        clock.now = last + ttl
+        assert store.poll(waiter.request_id, "waiter").granted
+        assert ("held", AuditKind.EXPIRE) in [(e.owner, e.kind) for e in store.history()]
 
     def test_a_waiter_that_stops_polling_is_abandoned_and_blocks_nobody(
             self, store: LeaseStore, request_for: Request) -> None:
         holder = store.acquire(request_for("holder", "UPDATE", "country = 'DE'"))
         gone = store.acquire(request_for("gone", "OPTIMIZE", ttl=0.4))
         fr = store.acquire(request_for("fr", "UPDATE", "country = 'FR'"))
-        assert holder.granted and not fr.granted  # behind the compaction
+        assert holder.granted and not fr.granted and gone.record is not None  # behind the compaction
         _wait_until(lambda: store.poll(fr.request_id, "fr").granted)
         assert ("gone", AuditKind.ABANDON) in [(e.owner, e.kind) for e in store.history()]
+        # on the store's clock, not before the waiter's deadline (its request plus its TTL)
+        abandoned = next(e for e in store.history() if e.owner == "gone" and e.kind is AuditKind.ABANDON)
+        assert abandoned.at >= gone.record.expires_at - 1e-3
         assert store.poll(gone.request_id, "gone").status is LeaseStatus.GONE
 
     def test_a_waiter_that_polls_after_its_ttl_finds_its_request_gone(
@@ -226,13 +248,22 @@ class LeaseStoreContract:
         again = store.acquire(request_for("late", "OPTIMIZE", ttl=0.3))
         assert again.request_id != late.request_id and again.status is LeaseStatus.WAITING
 
-    def test_asking_again_while_waiting_is_a_heartbeat(self, store: LeaseStore, request_for: Request) -> None:
-        store.acquire(request_for("holder", "OPTIMIZE"))
-        first = store.acquire(request_for("waiter", "OPTIMIZE", ttl=0.5))
-        for _ in range(4):
-            time.sleep(0.2)
-            assert store.acquire(request_for("waiter", "OPTIMIZE", ttl=0.5)).request_id == first.request_id
+    def test_asking_again_while_waiting_is_a_heartbeat(
+            self, clocked_store: LeaseStore, clock: Clock, request_for: Request) -> None:
+        """Asking again every 0.4 TTL keeps a waiting request for 1.6 TTL, in its place; once it stops, it is
+        abandoned one TTL after the last ask. (On the injected clock, as a slow machine could delay an ask.)"""
+        store, ttl, t0 = clocked_store, 60.0, clock.now
+        store.acquire(request_for("holder", "OPTIMIZE", ttl=10 * ttl))
+        first = store.acquire(request_for("waiter", "OPTIMIZE", ttl=ttl))
+        assert first.status is LeaseStatus.WAITING
+        for step in range(1, 5):
+            clock.now = t0 + step * 0.4 * ttl
+            again = store.acquire(request_for("waiter", "OPTIMIZE", ttl=ttl))
+            assert again.request_id == first.request_id and again.status is LeaseStatus.WAITING
         assert AuditKind.REPLAN not in {e.kind for e in store.history()}
+        clock.now = t0 + 1.6 * ttl + ttl
+        assert store.poll(first.request_id, "waiter").status is LeaseStatus.GONE
+        assert ("waiter", AuditKind.ABANDON) in [(e.owner, e.kind) for e in store.history()]
 
     # -- 5: expiry on an injected clock: only the owner's heartbeat moves its deadline ------------
     def test_a_dead_waiter_granted_by_a_release_expires_one_ttl_after_its_last_heartbeat(

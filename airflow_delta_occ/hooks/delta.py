@@ -14,18 +14,18 @@ run in an embedded local Spark session, the default for a laptop or a single wor
 * ``storage_conn_id``: the connection of the tables' object store (see ``hooks/storage.py``);
 * ``spark_history_url``, ``spark_ui_url``: where the operators' Spark UI link points (see
   ``DeltaSparkHook.spark_ui_link``).
+
+Each mode is a ``JobTransport`` (``hooks/transports/``), picked once when the hook is built. A test
+(of an operator or of a whole DAG) runs the jobs without Spark through ``MemoryTransport``: installed
+under a mode name (``register_transport``, or ``MemoryTransport.registered("memory")``) and chosen
+with the connection extra ``mode``, or given directly as ``DeltaSparkHook(transport=...)``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import json
-import os
-import threading
-import uuid
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
@@ -33,17 +33,10 @@ from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_delta_occ.config import MODES, default_mode
 from airflow_delta_occ.exceptions import DeltaJobError, JobKilledError, ProviderConfigError
+from airflow_delta_occ.hooks.transports.base import JobTransport, RunningJob, transport_factory
 from airflow_delta_occ.jobs.result import JobResult
 from airflow_delta_occ.jobs.spec import JobSpec
-from airflow_delta_occ.retry.classify import ConflictKind, classify_conflict, conflict_failure
-from airflow_delta_occ.spark.session import CONNECT_MODE_FLAG
-from airflow_delta_occ.spark.storage import (
-    SECRET_CONF_ENV,
-    SparkStorageSettings,
-    is_secret_conf,
-    split_secret_confs,
-    with_redaction,
-)
+from airflow_delta_occ.spark.storage import SparkStorageSettings, with_redaction
 
 if TYPE_CHECKING:
     from airflow_delta_occ.engine.object_store import StorageCredentials
@@ -56,7 +49,13 @@ class DeltaSparkHook(BaseHook):
     hook_name = "Delta Lake (airflow-delta-occ)"
 
     def __init__(self, delta_conn_id: str | None = default_conn_name, *, mode: str | None = None,
-                 spark_conf: Mapping[str, str] | None = None, storage_conn_id: str | None = None) -> None:
+                 spark_conf: Mapping[str, str] | None = None, storage_conn_id: str | None = None,
+                 transport: JobTransport | None = None) -> None:
+        """
+        Args:
+            transport: run the jobs through this transport (its mode is the hook's) instead of the
+                one the mode names; ``transports.MemoryTransport`` runs them without Spark.
+        """
         super().__init__()
         self.delta_conn_id = delta_conn_id
         extras: dict[str, Any] = {}
@@ -67,8 +66,9 @@ class DeltaSparkHook(BaseHook):
                 if delta_conn_id != self.default_conn_name:
                     raise
         self.extras = extras
-        self.mode = mode or extras.get("mode") or default_mode()
-        if self.mode not in MODES:
+        self.mode: str = transport.mode if transport is not None else mode or extras.get("mode") or default_mode()
+        factory = transport.bind if transport is not None else transport_factory(self.mode)
+        if factory is None:
             raise DeltaJobError(f"unknown mode {self.mode!r} in connection {delta_conn_id!r}; use one of {MODES}")
         self.spark_conf = {**extras.get("spark_conf", {}), **(spark_conf or {})}
         # Object storage: the credentials the engine reads the table with are the job's too.
@@ -80,6 +80,8 @@ class DeltaSparkHook(BaseHook):
                 raise ProviderConfigError(f"connection {delta_conn_id!r}: {key} must be an http(s) URL, got {value!r}")
         #: Where the last job's Spark UI is (``spark_ui_link``), for the operators' extra link.
         self.spark_ui_url: str | None = None
+        #: How this hook's jobs reach Spark (one per mode; see ``hooks/transports``).
+        self.transport: JobTransport = factory(self)
 
     # -- object storage ---------------------------------------------------------------------------
     @functools.cached_property
@@ -130,12 +132,15 @@ class DeltaSparkHook(BaseHook):
                 raise UnsupportedStorageError(f"{redact_uri(location)}: credentials do not belong in a table or "
                                               "source URI (put them in a storage connection: storage_conn_id)")
         if used:
-            warning = check_s3_commits(used[0], self.mode, self.spark_conf, unsafe_s3_commits())
+            policy = unsafe_s3_commits()
+            # One long-lived driver (Spark Connect's server) keeps S3 commits exclusive on its own.
+            warning = None if self.transport.one_driver else check_s3_commits(used[0], self.mode, self.spark_conf,
+                                                                               policy)
             if warning:
                 self.log.warning("%s", warning)
         self._storage = storage_settings(used, self.storage_credentials)
 
-    def _conf_with_storage(self, base: Mapping[str, str]) -> dict[str, str]:
+    def conf_with_storage(self, base: Mapping[str, str]) -> dict[str, str]:
         """``base`` confs, then the storage settings, then the user's; connector jars join the packages.
 
         Spark's redaction pattern is widened when a secret is among them (``spark.storage.with_redaction``)
@@ -147,6 +152,8 @@ class DeltaSparkHook(BaseHook):
             conf["spark.jars.packages"] = ",".join(dict.fromkeys(p.strip() for p in packages if p.strip()))
         return with_redaction(conf)
 
+    _conf_with_storage = conf_with_storage
+
     # -- sessions ---------------------------------------------------------------------------------
     def connect_url(self) -> str:
         """The Spark Connect URL: from the ``spark_connect`` connection named by ``spark_connect_conn_id``
@@ -155,114 +162,24 @@ class DeltaSparkHook(BaseHook):
         Raises:
             ProviderConfigError: none of them is set, or ``connect_url`` carries a token.
         """
-        conn_id = self.extras.get("spark_connect_conn_id")
-        if conn_id:
-            from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+        from airflow_delta_occ.hooks.transports.connect import connect_url
 
-            return SparkConnectHook(conn_id).get_connection_url()
-        url = self.extras.get("connect_url") or os.environ.get("SPARK_REMOTE")
-        if not url:
-            raise ProviderConfigError(f"connect mode needs spark_connect_conn_id (a spark_connect connection) or "
-                                      f"connect_url in the extras of connection {self.delta_conn_id!r}")
-        if "token=" in str(url).lower() and self.extras.get("connect_url"):
-            raise ProviderConfigError(f"connection {self.delta_conn_id!r}: connect_url carries a token, which would "
-                                      "be stored and shown unmasked; put the server in a spark_connect connection "
-                                      "(token in its password field) and name it with spark_connect_conn_id")
-        return str(url)
+        return connect_url(self.extras, self.delta_conn_id)
 
     def get_spark(self) -> Any:
-        """A SparkSession for embedded or Connect mode (a new Connect session on every call).
+        """A SparkSession for embedded or Connect mode (a new Connect session on every call; the
+        embedded session in spark-submit mode).
 
         Embedded: the secret confs (storage keys, OpenLineage transport credentials) reach the JVM
         over py4j, never its command line (see ``spark.session.local_delta_session``).
         """
-        if self.mode == "connect":
-            from pyspark.sql import SparkSession
+        return self.transport.get_spark()
 
-            return SparkSession.builder.remote(self.connect_url()).create()
-        from airflow_delta_occ.spark.session import delta_submit_conf, local_delta_session
-
-        conf = self._conf_with_storage({"spark.jars.packages": delta_submit_conf()["spark.jars.packages"]})
-        spark = local_delta_session("airflow-delta-occ", master=self.extras.get("master", "local[2]"), conf=conf)
-        # An earlier task of this process may have left its OpenLineage parent on the session; the
-        # runner's job session copies this one's, so a job given no parent must not inherit it.
-        from airflow_delta_occ.jobs.result import OpenLineageParent
-
-        for key in set(OpenLineageParent.SPARK_CONF.values()).difference(conf):
-            spark.conf.unset(key)
-        # A session this process started earlier keeps its Hadoop settings: give it this job's too
-        # (the embedded session belongs to one task process).
-        hadoop_conf = spark.sparkContext._jsc.hadoopConfiguration()
-        for key, value in self.storage.hadoop.items():
-            hadoop_conf.set(key, value)
-        return spark
-
-    @contextlib.contextmanager
-    def job_session(self) -> Iterator[Any]:
-        """The session one job runs in; a Connect session is private to the job and closed after it.
-
-        Opening a Connect session makes pyspark set ``SPARK_CONNECT_MODE_ENABLED`` for the whole
-        process, after which a classic session (the embedded mode) cannot start and ``spark-submit``
-        children inherit the flag. The worker is left as it was found, so modes can be mixed in one
-        process (``airflow dags test`` runs every task in one).
-        """
-        if self.mode != "connect":
-            yield self.get_spark()
-            return
-        flag_before = os.environ.get(CONNECT_MODE_FLAG)
-        spark = self.get_spark()
-        try:
-            for key, value in self.storage.hadoop.items():  # session-level Hadoop settings on the server
-                spark.conf.set(key, value)
-            self._set_connect_conf(spark)  # the user's last: it overrides the storage settings
-            yield spark
-        finally:
-            try:
-                spark.stop()  # releases the server-side session and the job's cached source
-            finally:
-                if flag_before is None:
-                    os.environ.pop(CONNECT_MODE_FLAG, None)
-                else:
-                    os.environ[CONNECT_MODE_FLAG] = flag_before
-
-    def _set_connect_conf(self, spark: Any) -> None:
-        """Set ``spark_conf`` (the connection's, the task's, the OpenLineage properties) on the job's
-        Connect session.
-
-        A Connect client can change only its session's runtime settings (``spark.sql.*``, Delta's,
-        ``spark.hadoop.*``, OpenLineage's); the server's own launch fixes the rest (executor memory,
-        jars, SQL extensions), and the server refuses them with ``CANNOT_MODIFY_CONFIG`` or
-        ``CANNOT_MODIFY_STATIC_CONFIG``. Those keys are skipped with one warning naming them, not
-        raised: a connection's ``spark_conf`` also serves its spark-submit jobs, where such keys are
-        right, and pyspark's own Connect builder skips them too (silently; here the task log says
-        so). A value the server rejects for a key it *would* set (a mistyped number) is the
-        author's error, and the job would otherwise run with a setting it was not given.
-
-        Raises:
-            ProviderConfigError: the server rejected a value, naming the key (a secret's value is not shown).
-        """
-        from pyspark.errors import PySparkException
-
-        skipped = []
-        for key, value in self.spark_conf.items():
-            try:
-                spark.conf.set(key, value)
-            except PySparkException as exc:
-                condition = exc.getCondition() or ""
-                if condition in CONNECT_SERVER_WIDE_CONDITIONS:
-                    skipped.append(key)
-                    continue
-                if not condition.startswith("INVALID_CONF_VALUE"):
-                    raise
-                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else condition
-                shown = "***" if is_secret_conf(key) else repr(value)
-                if is_secret_conf(key) and value:
-                    reason = reason.replace(value, "***")
-                raise ProviderConfigError(f"the Spark Connect server refused spark_conf {key}={shown}: {reason}") \
-                    from exc
-        if skipped:
-            self.log.warning("Spark Connect: spark_conf %s not applied to the job's session: the server fixes "
-                             "them when it starts (set them in the server's own configuration)", ", ".join(skipped))
+    def job_session(self) -> contextlib.AbstractContextManager[Any]:
+        """The session one job runs in; a Connect session is private to the job and closed after it
+        (see ``transports.connect.ConnectTransport.job_session``)."""
+        result: contextlib.AbstractContextManager[Any] = self.transport.job_session()
+        return result
 
     def test_connection(self) -> tuple[bool, str]:
         """The connection form's test button: can this connection run a job?
@@ -273,83 +190,21 @@ class DeltaSparkHook(BaseHook):
         * connect: a session opens on the server and runs ``SELECT 1``.
         """
         try:
-            if self.mode == "connect":
-                reachable = _reachable(self.connect_url())
-                if reachable is not None:  # pyspark's client would retry for minutes
-                    return False, f"connect: {reachable}"
-                with self.job_session() as spark:
-                    value = spark.sql("SELECT 1 AS ok").collect()[0]["ok"]
-                return value == 1, f"Spark Connect at {_without_params(self.connect_url())} answered SELECT 1"
-            if self.mode == "spark-submit":
-                return self._test_submit()
-            return self._test_embedded()
+            return self.transport.test_connection()
         except Exception as exc:  # the button shows the reason; nothing is raised to the UI
             return False, f"{self.mode}: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
 
-    def _test_embedded(self) -> tuple[bool, str]:
-        import subprocess
-
-        from airflow_delta_occ.spark.session import delta_maven_coordinates
-
-        java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else "java"
-        done = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60, check=False)
-        if done.returncode != 0:
-            return False, f"embedded: {java} -version failed: {done.stderr.strip()[:300]}"
-        version = (done.stderr or done.stdout).strip().splitlines()[0]
-        return True, f"embedded: {version}; Delta jars {delta_maven_coordinates()}"
-
-    def _test_submit(self) -> tuple[bool, str]:
-        import subprocess
-
-        conn_id = self.extras.get("spark_conn_id", "spark_default")
-        self.get_connection(conn_id)  # AirflowNotFoundException names it
-        hook = _submit_hook_class()(conn_id=conn_id, application="", conf={})
-        binary = hook._connection["spark_binary"]
-        done = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=120, check=False)
-        output = (done.stdout + done.stderr).strip()
-        if done.returncode != 0:
-            return False, f"spark-submit: {binary} --version exited {done.returncode}: {output[-300:]}"
-        version = next((line.strip() for line in output.splitlines() if "version" in line.lower()), output[:100])
-        return True, f"spark-submit: connection {conn_id!r} to {hook._connection['master']}, {binary}: {version}"
-
     def table_location(self, name: str) -> str:
-        """The storage location of a catalog table (so the engine can read its log)."""
+        """The storage location of a catalog table (so the engine can read its log), looked up where
+        the jobs run (spark-submit: the cluster's catalog, through the runner on the cluster)."""
         from airflow_delta_occ.engine.errors import TableNotFoundError
         from airflow_delta_occ.jobs.text import refuse_substitution
 
         refuse_substitution(name, "table_name")
-        if self.mode == "spark-submit":  # the cluster's catalog, through the runner on the cluster
-            row = self._describe_on_cluster(name)
-            if "error" in row:
-                raise TableNotFoundError(name, row["error"])
-        else:
-            from airflow_delta_occ.spark.runner import describe_table
-
-            with self.job_session() as spark:
-                try:
-                    row = describe_table(spark, name)
-                except DeltaJobError:  # the name or the session refused: not a missing table
-                    raise
-                except Exception as exc:  # AnalysisException (classic or Connect): no such table
-                    raise TableNotFoundError(name, str(exc).strip().splitlines()[0]) from exc
-        if str(row["format"]).lower() != "delta":
-            raise TableNotFoundError(name, f"the catalog table is {row['format']}, not Delta")
-        return str(row["location"])
-
-    def _describe_on_cluster(self, name: str) -> dict[str, str]:
-        """The runner's ``--describe-table`` line, submitted like a job (``{"error": ...}`` when missing)."""
-        from airflow_delta_occ.spark import runner
-        from airflow_delta_occ.spark.session import delta_submit_conf
-
-        hook = _submit_hook_class()(
-            conn_id=self.extras.get("spark_conn_id", "spark_default"), application=runner.__file__,
-            application_args=["--describe-table", name], conf=self._conf_with_storage(delta_submit_conf()),
-            name=f"delta-occ-describe-{name}")
-        hook.submit(hook.application)
-        table: dict[str, str] | None = hook.table
-        if table is None:
-            raise DeltaJobError(f"spark-submit finished without the runner's table line for {name!r}")
-        return table
+        table = self.transport.describe_table(name)
+        if table.format.lower() != "delta":
+            raise TableNotFoundError(name, f"the catalog table is {table.format}, not Delta")
+        return table.location
 
     # -- running ----------------------------------------------------------------------------------
     def run(self, spec: JobSpec) -> JobResult:
@@ -362,74 +217,25 @@ class DeltaSparkHook(BaseHook):
         Raises:
             JobKilledError: ``on_kill`` stopped the job before it committed.
         """
-        self._killed = False
+        transport = self.transport
+        transport.killed = False
         self.spark_ui_url = self.spark_ui_link(None, None)
         try:
-            if self.mode == "spark-submit":
-                result = self._submit(spec)
-            else:
-                from airflow_delta_occ.spark.runner import run_job
-
-                with self.job_session() as spark, self._tracked(spark):
-                    result = JobResult.from_json(run_job(spark, spec).to_json())
+            result = transport.run(spec)
             self.spark_ui_url = self.spark_ui_link(result.spark_app_id, result.spark_ui_url)
             return result.raise_for_status()
         except Exception as exc:
-            if not self._killed:
+            if not transport.killed:
                 raise
             # A job that committed before the kill returned its result above; this one did not.
             raise JobKilledError(f"the {self.mode} job on {spec.target.label} was stopped by on_kill before it "
                                  f"committed: {type(exc).__name__}: {str(exc).strip()[:500]}") from exc
 
     # -- stopping ---------------------------------------------------------------------------------
-    _running: RunningJob | None = None
-    _killed: bool = False
-
-    @contextlib.contextmanager
-    def _tracked(self, spark: Any) -> Iterator[None]:
-        """Tag every Spark job this thread starts for the job, so ``on_kill`` can cancel exactly those.
-
-        Embedded: a SparkContext job tag (thread-local, inherited by the runner's private session)
-        with interrupt-on-cancel, so a cancelled task stops at once instead of finishing its
-        partition. Connect: a session tag (the session is the job's own, so ``on_kill`` interrupts
-        all of its operations anyway).
-        """
-        tag = f"delta-occ-{uuid.uuid4().hex}"
-        connect = self.mode == "connect"
-        previous: str | None = None
-        if connect:
-            spark.addTag(tag)
-        else:
-            context = spark.sparkContext
-            context.addJobTag(tag)
-            previous = context.getLocalProperty(INTERRUPT_ON_CANCEL)
-            context.setInterruptOnCancel(True)
-        self._running = RunningJob(self.mode, tag, session=spark)
-        try:
-            yield
-        except BaseException as exc:
-            self._stop_if_interrupted(exc)
-            raise
-        finally:
-            self._running = None
-            with contextlib.suppress(Exception):  # a killed session is stopped: nothing left to clear
-                if connect:
-                    spark.removeTag(tag)
-                else:
-                    spark.sparkContext.removeJobTag(tag)
-                    spark.sparkContext.setLocalProperty(INTERRUPT_ON_CANCEL, previous)
-
-    def _stop_if_interrupted(self, exc: BaseException) -> None:
-        """Stop the job's Spark work when something other than the job's own outcome unwinds through it.
-
-        ``execution_timeout`` raises ``AirflowTaskTimeout`` (a ``BaseException``) inside the wait,
-        and the Task SDK calls ``on_kill`` only after ``execute`` has returned, when no job is
-        tracked any more: a spark-submit driver or the session's jobs would go on and could still
-        commit. An ordinary ``Exception`` is the job's own failure and needs no stop.
-        """
-        if not isinstance(exc, Exception) and self._running is not None:
-            self.log.warning("%s while the %s job ran: stopping its Spark work", type(exc).__name__, self.mode)
-            self.on_kill()
+    @property
+    def _running(self) -> RunningJob | None:
+        """The job ``run`` is executing (its session and tag, or its spark-submit hook)."""
+        return self.transport.running
 
     def on_kill(self) -> None:
         """Stop the Spark work of the job ``run`` is executing (the operator calls this when its task is
@@ -447,21 +253,7 @@ class DeltaSparkHook(BaseHook):
         a Spark call: the Spark calls are made from a helper thread, which has its own py4j
         connection (reusing the waiting one would block until the job ends).
         """
-        running = self._running
-        if running is None:
-            return
-        self._killed = True
-        if running.submit is not None:
-            self.log.info("Killing the spark-submit job %s", running.tag)
-            running.submit.on_kill()
-            return
-        stopper = threading.Thread(target=_stop_session, args=(running, self.log), name="delta-occ-on-kill",
-                                   daemon=True)
-        stopper.start()
-        stopper.join(KILL_TIMEOUT_SECONDS)
-        if stopper.is_alive():
-            self.log.warning("Spark did not confirm the %s job %s stopped within %s s", running.mode, running.tag,
-                             KILL_TIMEOUT_SECONDS)
+        self.transport.kill()
 
     def spark_ui_link(self, app_id: str | None, live_url: str | None) -> str | None:
         """Where a job's Spark UI is, best first: the connection's history server at the job's
@@ -471,7 +263,7 @@ class DeltaSparkHook(BaseHook):
 
         Only http(s) URLs are returned: the link is rendered in the Airflow UI.
         """
-        from urllib.parse import quote, urlparse
+        from urllib.parse import quote
 
         history = self.extras.get("spark_history_url")
         if history and app_id:
@@ -481,151 +273,4 @@ class DeltaSparkHook(BaseHook):
             return str(configured)
         if live_url and live_url.lower().startswith(("http://", "https://")):
             return live_url
-        if self.mode == "connect":
-            try:
-                host = urlparse(_without_params(self.connect_url()).replace("sc://", "http://", 1)).hostname
-            except ProviderConfigError:
-                return None
-            return f"http://{host}:4040" if host else None
-        return None
-
-    def _submit(self, spec: JobSpec) -> JobResult:
-        from airflow_delta_occ.spark import runner
-        from airflow_delta_occ.spark.session import delta_submit_conf
-
-        hook = _submit_hook_class()(
-            conn_id=self.extras.get("spark_conn_id", "spark_default"),
-            application=runner.__file__,
-            application_args=["--spec-json", spec.to_json()],
-            conf=self._conf_with_storage(delta_submit_conf()),
-            name=f"delta-occ-{spec.run.dag_id}.{spec.run.task_id}",
-        )
-        self._running = RunningJob(self.mode, str(hook._name), submit=hook)
-        try:
-            hook.submit(hook.application)
-        except BaseException as exc:
-            if not isinstance(exc, Exception):
-                self._stop_if_interrupted(exc)
-                raise
-            reported: JobResult | None = hook.result
-            if reported is not None:  # the runner reported its outcome; the exit code only repeats it
-                return reported
-            if hook.conflict is not None:  # the driver died after Delta raised a conflict
-                raise conflict_failure(hook.conflict, 0, exc) from exc
-            raise
-        finally:
-            self._running = None
-        final: JobResult | None = hook.result
-        if final is None:
-            raise DeltaJobError("spark-submit finished without the runner's result line")
-        return final
-
-
-def _reachable(url: str, timeout: float = 5.0) -> str | None:
-    """Why nothing accepts connections at a Connect URL's host and port, or ``None`` when something does."""
-    import socket
-    from urllib.parse import urlparse
-
-    parsed = urlparse(_without_params(url).replace("sc://", "http://", 1))
-    host, port = parsed.hostname or "localhost", parsed.port or 15002
-    try:
-        socket.create_connection((host, port), timeout=timeout).close()
-    except OSError as exc:
-        return f"cannot reach {host}:{port}: {exc}"
-    return None
-
-
-def _without_params(url: str) -> str:
-    """A Connect URL without its ``;token=...`` parameters, for messages."""
-    return url.split(";", 1)[0]
-
-
-INTERRUPT_ON_CANCEL = "spark.job.interruptOnCancel"
-#: Spark Connect's error conditions for a key only the server's launch can set (skipped, with a warning).
-CONNECT_SERVER_WIDE_CONDITIONS = frozenset({"CANNOT_MODIFY_CONFIG", "CANNOT_MODIFY_STATIC_CONFIG"})
-KILL_TIMEOUT_SECONDS = 60.0
-"""How long ``on_kill`` waits for Spark to confirm the stop (the Task SDK's SIGKILL follows anyway)."""
-
-
-@dataclass(frozen=True)
-class RunningJob:
-    """What ``DeltaSparkHook.on_kill`` stops: the job's session and tag, or its spark-submit hook."""
-
-    mode: str
-    tag: str
-    session: Any = None
-    submit: Any = None
-
-
-def _stop_session(running: RunningJob, log: Any) -> None:
-    """Cancel the job's Spark work and stop its session; every step is tried, none raises."""
-    session = running.session
-    try:
-        if running.mode == "connect":
-            interrupted = session.interruptAll()  # the session is the job's own
-            log.info("Interrupted %d Spark Connect operation(s) of job %s", len(interrupted), running.tag)
-        else:
-            session.sparkContext.cancelJobsWithTag(running.tag)
-            log.info("Cancelled the Spark jobs tagged %s", running.tag)
-    except Exception as exc:  # the stop below still ends the work
-        log.warning("Could not cancel the Spark work of job %s: %s", running.tag, exc)
-    try:
-        session.stop()
-        log.info("Stopped the Spark session of job %s", running.tag)
-    except Exception as exc:
-        log.warning("Could not stop the Spark session of job %s: %s", running.tag, exc)
-
-
-@functools.cache
-def _submit_hook_class() -> Any:
-    # Built lazily: importing this module must not need the Spark provider.
-    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-
-    from airflow_delta_occ.spark.runner import RESULT_PREFIX, TABLE_PREFIX
-
-    class ResultCapturingSubmitHook(SparkSubmitHook):
-        """Reads the runner's result line and classifies conflicts from *every* driver output line.
-
-        The base hook keeps only the last 20 lines for its error message; a conflict printed earlier
-        would be lost there.
-        """
-
-        def __init__(self, *, application: str, conf: Mapping[str, str] | None = None, **kwargs: Any) -> None:
-            public, secrets = split_secret_confs(conf or {})
-            super().__init__(conf=public, **kwargs)
-            self.application = application
-            self.secret_env: dict[str, str] = {}
-            if secrets and self._connection["deploy_mode"] == "cluster":
-                # A driver on the cluster gets nothing from this process's environment: --conf is the
-                # only way there (the cluster's own credentials avoid it; see docs/object-storage.md).
-                self._conf = {**self._conf, **secrets}
-            elif secrets:
-                self.secret_env = {SECRET_CONF_ENV: json.dumps(secrets)}
-            self.result: JobResult | None = None
-            self.conflict: ConflictKind | None = None
-            self.table: dict[str, str] | None = None
-
-        def submit(self, application: str = "", **kwargs: Any) -> str | None:
-            """Run spark-submit with the secret confs in its environment when the driver runs here."""
-            if self.secret_env:
-                kwargs.setdefault("env", {**os.environ, **self.secret_env})
-            result: str | None = super().submit(application, **kwargs)
-            return result
-
-        def _process_spark_submit_log(self, itr: Iterable[str]) -> None:
-            # Each line reaches the base hook (and the task log) as the driver prints it.
-            super()._process_spark_submit_log(self._read(itr))
-
-        def _read(self, itr: Iterable[str]) -> Iterator[str]:
-            """Pass the driver's lines through one by one, picking up the result and the first conflict."""
-            for raw in itr:
-                line = raw.strip()
-                if line.startswith(RESULT_PREFIX):
-                    self.result = JobResult.from_json(line[len(RESULT_PREFIX):])
-                elif line.startswith(TABLE_PREFIX):
-                    self.table = {str(k): str(v) for k, v in json.loads(line[len(TABLE_PREFIX):]).items()}
-                elif self.conflict is None:
-                    self.conflict = classify_conflict(line)
-                yield raw
-
-    return ResultCapturingSubmitHook
+        return self.transport.default_ui_url()

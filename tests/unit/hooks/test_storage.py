@@ -224,7 +224,7 @@ def test_secrets_stay_off_the_spark_submit_command_line_when_the_driver_runs_her
         monkeypatch: pytest.MonkeyPatch, deploy_mode: str) -> None:
     """A command line is readable by every user of the worker (``ps``); a client-mode driver gets the
     secret confs through its environment instead. A driver on the cluster has no other way."""
-    from airflow_delta_occ.hooks.delta import _submit_hook_class
+    from airflow_delta_occ.hooks.transports.submit import _submit_hook_class
     from airflow_delta_occ.spark.storage import SECRET_CONF_ENV
 
     _conn(monkeypatch, "cluster", conn_type="spark", host="yarn", extra={"deploy-mode": deploy_mode})

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from airflow_delta_occ.hooks.delta import _submit_hook_class
+from airflow_delta_occ.hooks.transports.submit import _submit_hook_class
 from airflow_delta_occ.jobs.result import JobResult, JobStatus
 from airflow_delta_occ.retry.classify import ConflictKind
 from airflow_delta_occ.spark.runner import RESULT_PREFIX

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowTaskTimeout
 
-import airflow_delta_occ.hooks.delta as delta_hook
+import airflow_delta_occ.hooks.transports.submit as submit_transport
 from airflow_delta_occ.hooks.delta import DeltaSparkHook
 
 
@@ -53,7 +53,7 @@ class _Session:
 def test_an_embedded_job_is_stopped_when_a_timeout_unwinds_through_it(raised: type[BaseException],
                                                                        stopped: bool) -> None:
     hook, session = DeltaSparkHook(None, mode="embedded"), _Session()
-    with pytest.raises(raised), hook._tracked(session):
+    with pytest.raises(raised), hook.transport._tracked(session):  # type: ignore[attr-defined]
         raise raised("while the MERGE ran")
     assert (session.calls == ["tag", "cancel", "stop"]) is stopped, session.calls
     assert hook._running is None
@@ -74,8 +74,8 @@ def test_a_spark_submit_driver_is_killed_when_a_timeout_unwinds_through_it(monke
         def on_kill(self) -> None:
             killed.append("driver")
 
-    monkeypatch.setattr(delta_hook, "_submit_hook_class", lambda: _Submit)
-    monkeypatch.setattr(delta_hook.DeltaSparkHook, "_conf_with_storage", lambda self, base: {})
+    monkeypatch.setattr(submit_transport, "_submit_hook_class", lambda: _Submit)
+    monkeypatch.setattr(DeltaSparkHook, "conf_with_storage", lambda self, base: {})
     from airflow_delta_occ.jobs.spec import JobSpec
 
     spec = JobSpec.from_json(_SPEC)

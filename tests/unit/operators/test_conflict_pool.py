@@ -1,14 +1,21 @@
 """``conflict_pool=`` on the Delta operators: checked at parse time, routed to the pool's Airflow pool, and
 leased at run time from a real SQLite lease store on a hand-written Delta log (only Spark is left out:
-``hook.run`` is replaced, the footprint, the request and the store are the real ones)."""
+the jobs run through a ``MemoryTransport``; the hook, the footprint, the request and the store are the
+real ones).
+
+No test here waits a fixed time for another thread or asserts how long something took: threads wait
+for what they need to see in the store (with a deadline that fails the test, never a hang), and the
+store's audit gives the order of events."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
@@ -16,7 +23,8 @@ from airflow.sdk.exceptions import TaskDeferred
 from airflow_delta_occ.engine import Snapshot
 from airflow_delta_occ.engine.planner import TableState, plan_footprint
 from airflow_delta_occ.exceptions import JobKilledError, LeaseStoreError, PoolConfigError
-from airflow_delta_occ.jobs.result import JobResult, JobStatus
+from airflow_delta_occ.hooks.transports import MemoryTransport
+from airflow_delta_occ.jobs.result import JobResult
 from airflow_delta_occ.operators.delta import DeltaDeleteOperator, DeltaUpdateOperator
 from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
 from airflow_delta_occ.pools.requests import AuditKind, LeaseRequest
@@ -93,34 +101,84 @@ def _context(try_number: int = 1) -> dict[str, Any]:
     return {"ti": ti, "run_id": "manual__1"}
 
 
+T = TypeVar("T")
+DEADLINE = 60.0
+"""How long a helper waits for something it must see before it fails the test (never reached when all is well)."""
+
+
+def _eventually(what: str, probe: Callable[[], T | None]) -> T:
+    """``probe()``'s first truthy answer; fails the test naming ``what`` after ``DEADLINE`` seconds."""
+    deadline = time.monotonic() + DEADLINE
+    while True:
+        found = probe()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up after {DEADLINE} s waiting for {what}")
+        time.sleep(0.01)
+
+
+def _waiting_request(store: SqlLeaseStore) -> Any:
+    """The operator's lease request, once it exists (the blocker's is not it)."""
+    return _eventually("the operator's lease request", lambda: next(
+        (r for r in store.records() if r.owner != "blocker"), None))
+
+
+class _Background:
+    """Runs ``body`` in a thread; ``join`` re-raises what it raised, so a failed helper fails the test."""
+
+    def __init__(self, body: Callable[[], None]) -> None:
+        self.error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                body()
+            except BaseException as exc:
+                self.error = exc
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def join(self) -> None:
+        self.thread.join(DEADLINE)
+        assert not self.thread.is_alive(), "the helper thread did not finish"
+        if self.error is not None:
+            raise self.error
+
+
 class _Spark:
-    """Stands in for ``DeltaSparkHook.run`` (no commit: ``version=None`` is an UPDATE that matched nothing)."""
+    """What Spark is replaced with: a ``MemoryTransport`` whose job records who held a lease while it
+    ran and commits nothing (``version=None``: an UPDATE that matched nothing)."""
 
-    def __init__(self, store: SqlLeaseStore, seconds: float = 0.0) -> None:
-        self.store, self.seconds = store, seconds
+    def __init__(self, store: SqlLeaseStore, *, until_renewed: bool = False) -> None:
+        self.store, self.until_renewed = store, until_renewed
         self.holders_during: list[str] = []
-        self.runs = 0
+        self.transport = MemoryTransport(self._job)
 
-    def credentials_for(self, location: str) -> None:  # local tables: no storage credentials
-        return None
+    @property
+    def runs(self) -> int:
+        return len(self.transport.specs)
 
-    def use_storage(self, *locations: str | None) -> None:
-        pass
-
-    def on_kill(self) -> None:  # no Spark job to stop
-        pass
-
-    def run(self, spec: Any) -> JobResult:
-        self.runs += 1
+    def _job(self, spec: Any) -> JobResult:
         self.holders_during = [r.owner for r in self.store.holders()]
-        time.sleep(self.seconds)
-        return JobResult(status=JobStatus.SUCCESS, table=spec.target.label, operation=spec.operation)
+        if self.until_renewed:  # the job lasts until the heartbeat has renewed the lease once
+            _eventually("the heartbeat's renewal", lambda: any(
+                e.kind is AuditKind.RENEW for e in self.store.history(pool="sales")))
+        return MemoryTransport.success()
 
 
-def _leased_update(path: str, store: SqlLeaseStore, seconds: float = 0.0) -> DeltaUpdateOperator:
-    op = _update(table=path, conflict_pool="sales", partitions={"date": "2024-01-01", "country": "DE"})
-    op.__dict__["hook"] = _Spark(store, seconds)  # the cached_property's slot
-    return op
+@pytest.fixture
+def spark(store: SqlLeaseStore, monkeypatch: pytest.MonkeyPatch) -> Iterator[_Spark]:
+    """Every hook built on ``delta_occ_default`` runs its jobs through the test's ``MemoryTransport``."""
+    monkeypatch.setenv("AIRFLOW_CONN_DELTA_OCC_DEFAULT",
+                       json.dumps({"conn_type": "delta_occ", "extra": {"mode": "memory"}}))
+    fake = _Spark(store)
+    with fake.transport.registered("memory"):
+        yield fake
+
+
+def _leased_update(path: str) -> DeltaUpdateOperator:
+    return _update(table=path, conflict_pool="sales", partitions={"date": "2024-01-01", "country": "DE"})
 
 
 def _block(store: SqlLeaseStore, path: str, snapshot: Snapshot) -> str:
@@ -136,48 +194,48 @@ def _block(store: SqlLeaseStore, path: str, snapshot: Snapshot) -> str:
 
 
 def test_granted_at_once_runs_with_the_lease_renewed_and_releases_it(
-        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore) -> None:
-    op = _leased_update(sales_log[0], store, seconds=0.7)
-    result = op.execute(_context())
-    assert op.hook.holders_during == ["d/u/manual__1/-1/1"]  # type: ignore[attr-defined]
+        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore, spark: _Spark) -> None:
+    spark.until_renewed = True
+    result = _leased_update(sales_log[0]).execute(_context())
+    assert spark.holders_during == ["d/u/manual__1/-1/1"]
     lease = result["lease"]
     assert (lease["pool"], lease["waited_for"], lease["lost"]) == ("sales", [], False)
-    assert lease["waited"] < 1.0
     kinds = [e.kind for e in store.history(pool="sales")]
+    # Granted in the request's own transaction: nothing was waited for.
     assert kinds[:2] == [AuditKind.REQUEST, AuditKind.GRANT] and kinds[-1] is AuditKind.RELEASE
     assert AuditKind.RENEW in kinds  # the heartbeat (0.2 s) beat while the job ran
     assert store.records() == []
 
 
 def test_a_conflicting_holder_defers_then_resume_runs_and_releases(
-        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore) -> None:
+        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore, spark: _Spark) -> None:
     path, snapshot = sales_log
     blocker = _block(store, path, snapshot)
-    op = _leased_update(path, store)
     with pytest.raises(TaskDeferred) as deferred:
-        op.execute(_context())
+        _leased_update(path).execute(_context())
     trigger = deferred.value.trigger
     assert isinstance(trigger, DeltaLeaseTrigger) and deferred.value.method_name == "execute_complete"
+    assert spark.runs == 0
     assert store.release(blocker, "blocker")   # the waiter is granted in the release's transaction
     event = {"status": "granted", "request_id": trigger.request_id, "waited": 4.5,
              "blockers_seen": [{"request_id": blocker, "owner": "blocker", "reason": "conflicts"}]}
-    result = _leased_update(path, store).execute_complete(_context(), event=event)
+    result = _leased_update(path).execute_complete(_context(), event=event)
     assert result["lease"] == {"pool": "sales", "request_id": trigger.request_id, "waited": 4.5,
                                "waited_for": ["blocker"], "lost": False}
-    assert store.records() == []
+    assert spark.runs == 1 and store.records() == []
 
 
 def test_a_lease_that_expired_before_resuming_is_asked_for_again(
-        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore) -> None:
+        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore, spark: _Spark) -> None:
     event = {"status": "granted", "request_id": "gone", "waited": 1.0, "blockers_seen": []}
-    result = _leased_update(sales_log[0], store).execute_complete(_context(), event=event)
+    result = _leased_update(sales_log[0]).execute_complete(_context(), event=event)
     assert result["lease"]["request_id"] != "gone" and store.records() == []
 
 
 def test_a_trigger_error_is_a_lease_store_error(pools: Path, sales_log: tuple[str, Snapshot]) -> None:
     with pytest.raises(LeaseStoreError, match="no usable store"):
-        _leased_update(sales_log[0], None).execute_complete(  # type: ignore[arg-type]
-            _context(), event={"status": "error", "message": "no usable store"})
+        _leased_update(sales_log[0]).execute_complete(_context(),
+                                                      event={"status": "error", "message": "no usable store"})
 
 
 def test_a_table_outside_the_pool_is_refused(pools: Path, sales_log: tuple[str, Snapshot],
@@ -188,15 +246,10 @@ def test_a_table_outside_the_pool_is_refused(pools: Path, sales_log: tuple[str, 
 
 
 def test_the_lease_is_released_when_the_job_fails(pools: Path, sales_log: tuple[str, Snapshot],
-                                                  store: SqlLeaseStore) -> None:
-    op = _leased_update(sales_log[0], store)
-
-    def fail(spec: Any) -> JobResult:
-        raise RuntimeError("spark died")
-
-    op.hook.run = fail  # type: ignore[method-assign]
-    with pytest.raises(RuntimeError, match="spark died"):
-        op.execute(_context())
+                                                  store: SqlLeaseStore, spark: _Spark) -> None:
+    spark.transport = MemoryTransport([RuntimeError("spark died")])
+    with spark.transport.registered("memory"), pytest.raises(RuntimeError, match="spark died"):
+        _leased_update(sales_log[0]).execute(_context())
     assert store.records() == [] and store.history()[-1].kind is AuditKind.RELEASE
 
 
@@ -208,81 +261,90 @@ def test_bad_lease_poll_interval_fails_at_parse_time(pools: Path) -> None:
 
 
 def test_in_the_worker_a_waiter_starts_its_job_as_soon_as_the_holder_releases(
-        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore) -> None:
+        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore, spark: _Spark) -> None:
     path, snapshot = sales_log
     blocker = _block(store, path, snapshot)
     op = _update(table=path, conflict_pool="sales", partitions={"date": "2024-01-01", "country": "DE"},
                  deferrable=False, lease_poll_interval=0.05)
-    spark = _Spark(store)
-    op.__dict__["hook"] = spark
-    released_at: list[float] = []
 
-    def release_later() -> None:
-        time.sleep(0.6)
-        released_at.append(time.monotonic())
+    def release_once_it_waits() -> None:
+        _waiting_request(store)
         store.release(blocker, "blocker")
 
-    threading.Thread(target=release_later).start()
+    helper = _Background(release_once_it_waits)
     result = op.execute(_context())   # no TaskDeferred: it waited here
-    started = time.monotonic()
+    helper.join()
     assert spark.holders_during == ["d/u/manual__1/-1/1"]   # the blocker was gone when the job ran
     lease = result["lease"]
-    assert lease["waited_for"] == ["blocker"] and 0.5 < lease["waited"] < 5
-    assert started - released_at[0] < 2.0
+    assert lease["waited_for"] == ["blocker"] and lease["waited"] > 0
     assert store.records() == []
-    kinds = [e.kind for e in store.history(pool="sales") if e.owner != "blocker"]
+    events = [(e.owner, e.kind) for e in store.history(pool="sales")]
+    waiter = "d/u/manual__1/-1/1"
+    # The waiter asked, the blocker released, and the waiter was granted (in the release's transaction).
+    assert events.index((waiter, AuditKind.REQUEST)) < events.index(("blocker", AuditKind.RELEASE)) \
+        < events.index((waiter, AuditKind.GRANT))
+    kinds = [kind for owner, kind in events if owner != "blocker"]
     assert kinds[0] is AuditKind.REQUEST and kinds[1] is AuditKind.GRANT and kinds[-1] is AuditKind.RELEASE
 
 
-def _worker_update(path: str, store: SqlLeaseStore) -> tuple[DeltaUpdateOperator, _Spark]:
-    """A pooled UPDATE that waits for its lease in the worker, polling every 50 ms; Spark replaced."""
-    op = _update(table=path, conflict_pool="sales", deferrable=False, lease_poll_interval=0.05)
-    spark = _Spark(store)
-    op.__dict__["hook"] = spark
-    return op, spark
+def _worker_update(path: str) -> DeltaUpdateOperator:
+    """A pooled UPDATE that waits for its lease in the worker, polling every 50 ms."""
+    return _update(table=path, conflict_pool="sales", deferrable=False, lease_poll_interval=0.05)
 
 
 def test_in_the_worker_a_killed_waiter_cancels_its_request_and_never_runs(
-        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore) -> None:
+        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore, spark: _Spark) -> None:
     path, snapshot = sales_log
     blocker = _block(store, path, snapshot)
-    op, spark = _worker_update(path, store)
-    threading.Timer(0.4, op.on_kill).start()   # as the Task SDK's SIGTERM handler would
-    with pytest.raises(JobKilledError, match=r"killed while its lease request .* waited"):
-        op.execute(_context())
-    assert spark.runs == 0
-    assert [r.owner for r in store.records()] == ["blocker"]   # the waiter's request is gone
-    assert store.history()[-1].kind is AuditKind.CANCEL
-    store.release(blocker, "blocker")
+    op = _worker_update(path)
+
+    def kill_once_it_waits() -> None:
+        _waiting_request(store)
+        op.on_kill()   # as the Task SDK's SIGTERM handler would
+
+    helper = _Background(kill_once_it_waits)
+    try:
+        with pytest.raises(JobKilledError, match=r"killed while its lease request .* waited"):
+            op.execute(_context())
+        helper.join()
+        assert spark.runs == 0
+        assert [r.owner for r in store.records()] == ["blocker"]   # the waiter's request is gone
+        assert store.history()[-1].kind is AuditKind.CANCEL
+    finally:
+        store.release(blocker, "blocker")
 
 
 def test_in_the_worker_a_request_dropped_while_waiting_is_asked_for_again(
-        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore) -> None:
+        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore, spark: _Spark) -> None:
     path, snapshot = sales_log
     blocker = _block(store, path, snapshot)
-    op, _ = _worker_update(path, store)
+    op = _worker_update(path)
+
+    def requests() -> list[Any]:
+        return [e for e in store.history(pool="sales") if e.kind is AuditKind.REQUEST and e.owner != "blocker"]
 
     def drop_then_release() -> None:
-        time.sleep(0.3)
-        [waiting] = [r for r in store.records() if r.owner != "blocker"]
-        store.release(waiting.request_id, waiting.owner)   # as an operator cleaning up a "dead" waiter would
-        time.sleep(0.3)
-        store.release(blocker, "blocker")
+        try:
+            waiting = _waiting_request(store)
+            store.release(waiting.request_id, waiting.owner)   # as an operator cleaning up a "dead" waiter would
+            _eventually("the operator's second request", lambda: len(requests()) == 2)
+        finally:   # whatever happened, the operator is never left waiting for the blocker
+            store.release(blocker, "blocker")
 
-    threading.Thread(target=drop_then_release).start()
+    helper = _Background(drop_then_release)
     result = op.execute(_context())
-    requests = [e for e in store.history(pool="sales") if e.kind is AuditKind.REQUEST and e.owner != "blocker"]
-    assert len(requests) == 2 and result["lease"]["request_id"] == requests[1].request_id
+    helper.join()
+    asked = requests()
+    assert len(asked) == 2 and result["lease"]["request_id"] == asked[1].request_id
     assert store.records() == []
 
 
 def test_the_deferred_wait_polls_at_the_given_interval(pools: Path, sales_log: tuple[str, Snapshot],
-                                                      store: SqlLeaseStore) -> None:
+                                                      store: SqlLeaseStore, spark: _Spark) -> None:
     path, snapshot = sales_log
     blocker = _block(store, path, snapshot)
     for interval, expected in ((None, 2.0), (0.25, 0.25)):
         op = _update(table=path, conflict_pool="sales", lease_poll_interval=interval)
-        op.__dict__["hook"] = _Spark(store)
         with pytest.raises(TaskDeferred) as deferred:
             op.execute(_context())
         assert deferred.value.trigger.poll_interval == expected
@@ -290,10 +352,11 @@ def test_the_deferred_wait_polls_at_the_given_interval(pools: Path, sales_log: t
             if record.owner != "blocker":
                 store.release(record.request_id, record.owner)
     store.release(blocker, "blocker")
+    assert spark.runs == 0
 
 
 def test_a_resumed_task_whose_plan_fails_gives_the_granted_lease_back(
-        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore) -> None:
+        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore, spark: _Spark) -> None:
     """A lease granted in the triggerer and a re-plan that fails (here: the table is gone) must not keep
     the lease until its TTL: the next writer would wait for nothing."""
     import shutil
@@ -302,22 +365,23 @@ def test_a_resumed_task_whose_plan_fails_gives_the_granted_lease_back(
 
     path, snapshot = sales_log
     blocker = _block(store, path, snapshot)
-    op = _leased_update(path, store)
     with pytest.raises(TaskDeferred) as deferred:
-        op.execute(_context())
+        _leased_update(path).execute(_context())
     store.release(blocker, "blocker")   # grants the waiter
     shutil.rmtree(path)
     event = {"status": "granted", "request_id": deferred.value.trigger.request_id, "waited": 1.0, "blockers_seen": []}
     with pytest.raises(TableNotFoundError):
-        _leased_update(path, store).execute_complete(_context(), event=event)
+        _leased_update(path).execute_complete(_context(), event=event)
     assert store.records() == [] and store.history()[-1].kind is AuditKind.RELEASE
+    assert spark.runs == 0
 
 
 def test_in_the_worker_a_kill_between_the_grant_and_the_job_releases_the_lease_and_runs_nothing(
-        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore, spark: _Spark,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     path, snapshot = sales_log
     blocker = _block(store, path, snapshot)
-    op, spark = _worker_update(path, store)
+    op = _worker_update(path)
     plans = 0
     prepare = op.prepare
 
@@ -329,9 +393,17 @@ def test_in_the_worker_a_kill_between_the_grant_and_the_job_releases_the_lease_a
         return prepare(context)
 
     monkeypatch.setattr(op, "prepare", prepare_then_kill)
-    threading.Timer(0.3, store.release, (blocker, "blocker")).start()
+
+    def release_once_it_waits() -> None:
+        try:
+            _waiting_request(store)
+        finally:
+            store.release(blocker, "blocker")
+
+    helper = _Background(release_once_it_waits)
     with pytest.raises(JobKilledError, match=r"killed after its lease .* was granted"):
         op.execute(_context())
+    helper.join()
     assert spark.runs == 0 and store.records() == []
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from airflow_delta_occ.exceptions import ProviderConfigError
 from airflow_delta_occ.hooks.delta import DeltaSparkHook
+from airflow_delta_occ.hooks.transports import MemoryTransport
 from airflow_delta_occ.operators.delta import DeltaDeleteOperator
 from airflow_delta_occ.operators.links import SparkUILink
 
@@ -46,12 +47,31 @@ def test_a_link_that_is_not_http_is_refused(monkeypatch: pytest.MonkeyPatch, key
         _hook(monkeypatch, **{key: "javascript:alert(1)"})
 
 
-def test_the_link_reads_the_hook_of_the_operator_that_ran() -> None:
-    operator = DeltaDeleteOperator(task_id="d", table="/lake/t", where="id = 1", partitions={"p": 1})
+def test_the_link_reads_the_hook_of_the_operator_that_ran(monkeypatch: pytest.MonkeyPatch,
+                                                          sales_log: tuple[str, Any]) -> None:
+    operator = DeltaDeleteOperator(task_id="d", table=sales_log[0], partitions={"date": "2024-01-01", "country": "DE"})
     link, key = SparkUILink(), SimpleNamespace()
     assert SparkUILink in {type(x) for x in operator.operator_extra_links}
     assert link.get_link(operator, ti_key=key) == ""  # no job ran: no hook was built
-    operator.__dict__["hook"] = SimpleNamespace(spark_ui_url="http://worker:4040")
-    assert link.get_link(operator, ti_key=key) == "http://worker:4040"
-    operator.__dict__["hook"] = SimpleNamespace(spark_ui_url="javascript:alert(1)")
+    monkeypatch.setenv("AIRFLOW_CONN_DELTA_OCC_DEFAULT",
+                       json.dumps({"conn_type": "delta_occ", "extra": {"mode": "memory"}}))
+    spark = MemoryTransport([MemoryTransport.success(spark_app_id="local-1", spark_ui_url="http://worker:4040")])
+    with spark.registered("memory"):
+        operator.execute({"ti": SimpleNamespace(dag_id="dag", task_id="d", map_index=-1, try_number=1, max_tries=2),
+                          "run_id": "manual__1"})
+    assert [spec.operation for spec in spark.specs] == ["delete"]
+    assert link.get_link(operator, ti_key=key) == "http://worker:4040"  # the driver's UI, as the job reported it
+    operator.hook.spark_ui_url = "javascript:alert(1)"  # never rendered, whatever a hook holds
     assert link.get_link(operator, ti_key=key) == ""
+
+
+def test_a_driver_ui_that_is_not_http_is_not_linked() -> None:
+    """What the job reports about its driver is not trusted either (the memory transport stands in)."""
+    from airflow_delta_occ.jobs.spec import JobSpec
+
+    spark = MemoryTransport([MemoryTransport.success(spark_ui_url="javascript:alert(1)")])
+    hook = DeltaSparkHook(None, transport=spark)
+    hook.run(JobSpec.from_json(
+        '{"operation": "delete", "target": {"path": "/lake/t"}, "run": {"dag_id": "d", "task_id": "t", '
+        '"run_id": "r", "map_index": -1, "try_number": 1, "first_try": 1}, "condition": null}'))
+    assert hook.spark_ui_url is None

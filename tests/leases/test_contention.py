@@ -9,6 +9,10 @@ something: many grants, some of which had to wait for a conflicting request.
 Meanwhile one more process holds a lease in a pool of its own and heartbeats it (``renew`` every
 ``PROBE_HEARTBEAT`` s, TTL ``PROBE_TTL`` s): a holder that keeps renewing must keep its lease whatever
 another pool is doing. One load per store serves both tests (``contention``), so the probe costs no CI time.
+
+Nothing here depends on how fast the machine is: a load runs until it has had enough grants to prove something
+(``min_grants``), the wait bound is measured in the run's own store latency (``WaitBound.for_run``), and the
+probe's TTL leaves a renewal seconds to come through, while the load lasts several TTLs.
 """
 
 from __future__ import annotations
@@ -36,13 +40,16 @@ from .workload import (
 pytestmark = pytest.mark.postgres
 
 WORKERS = 16
-LOAD_SECONDS = 20.0          # per store; the spawn start-up of 16 interpreters comes on top
+LOAD_SECONDS = 20.0          # per store (at least: see MIN_GRANTS); the spawn start-up of 16 interpreters comes on top
 LIMIT_LOAD_SECONDS = 10.0
-MIN_GRANTS = 150             # fewer means the store was too slow (or the machine too busy) to prove much
+MIN_GRANTS = 150             # fewer proves too little: the load goes on until it has had more
 MIN_WAITED_FOR_CONFLICT = 10
 MIN_LIMITED_GRANTS = 30      # two writers at a time: each grant costs a hold plus a poll to notice it
 WRITER_LIMIT = 2
-PROBE_TTL = 2.0
+# The probe must renew to keep its lease through the load (LOAD_SECONDS is 2.5 TTLs); a renewal may take up to
+# PROBE_TTL - PROBE_HEARTBEAT = 7.5 s (measured: under 1 s on SQLite with two busy cores), so a slow machine
+# cannot take the lease away from a live holder, while a renewal held up for the whole load still would.
+PROBE_TTL = 8.0
 PROBE_HEARTBEAT = 0.5
 
 
@@ -78,7 +85,7 @@ def contention(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     try:
         started = out.get(timeout=120)
         assert "error" not in started, started.get("error")
-        run = run_contention(url, tables, workers=WORKERS, duration=LOAD_SECONDS)
+        run = run_contention(url, tables, workers=WORKERS, duration=LOAD_SECONDS, min_grants=MIN_GRANTS + 1)
         stop.set()
         outcome = out.get(timeout=120)
         assert "error" not in outcome, outcome.get("error")
@@ -126,7 +133,7 @@ def test_a_heartbeating_holder_in_another_pool_keeps_its_lease(contention: Conte
 
 def test_the_writer_limit_holds_under_sixteen_processes(postgres_url: str, lease_tables: dict[str, str]) -> None:
     run = run_contention(postgres_url, lease_tables, workers=WORKERS, duration=LIMIT_LOAD_SECONDS,
-                         max_writers=WRITER_LIMIT, pool="limited", seed=1)
+                         max_writers=WRITER_LIMIT, pool="limited", seed=1, min_grants=MIN_LIMITED_GRANTS + 1)
     analysis = analyse(run.events, bound=WaitBound.for_run(WORKERS, run.mean_latency))
     report = _describe(run, analysis)
     print(report)

@@ -158,6 +158,10 @@ class WorkerSpec:
     worker: int
     duration: float
     seed: int
+    # The load runs ``duration`` seconds, and on until the workers together have had ``min_grants`` grants (a
+    # slow machine then proves as much as a fast one, only later), but never past ``max_duration``.
+    min_grants: int = 0
+    max_duration: float = math.inf
     pool: str = POOL
     max_writers: int | None = None
     ttl: float = TTL
@@ -167,16 +171,19 @@ class WorkerSpec:
     give_up_after: float = 60.0   # a request still waiting this long after the load ends is cancelled and counted
 
 
-def run_worker(spec: WorkerSpec, barrier: Any, results: Any) -> None:
-    """Process entry point: run the load, put ``{"worker", "counts", "latencies"}`` (or ``"error"``) on ``results``."""
+def run_worker(spec: WorkerSpec, barrier: Any, results: Any, grants: Any) -> None:
+    """Process entry point: run the load, put ``{"worker", "counts", "latencies"}`` (or ``"error"``) on ``results``.
+
+    ``grants`` is the count of grants of every worker (a ``multiprocessing.Value``), for ``spec.min_grants``.
+    """
     try:
-        results.put(_work(spec, barrier))
+        results.put(_work(spec, barrier, grants))
     except BaseException:
         barrier.abort()  # a worker that dies before the start must not leave the others waiting for it
         results.put({"worker": spec.worker, "error": traceback.format_exc()})
 
 
-def _work(spec: WorkerSpec, barrier: Any) -> dict[str, Any]:
+def _work(spec: WorkerSpec, barrier: Any, grants: Any) -> dict[str, Any]:
     store = SqlLeaseStore(spec.url)
     menu = build_menu(spec.tables)
     templates = {table: [request_for(i, f"w{spec.worker}", pool=spec.pool, max_writers=spec.max_writers, ttl=spec.ttl)
@@ -195,9 +202,19 @@ def _work(spec: WorkerSpec, barrier: Any) -> dict[str, Any]:
             latencies.append(time.perf_counter() - started)
 
     barrier.wait(timeout=300)
-    deadline = time.monotonic() + spec.duration
+    started = time.monotonic()
+    deadline, cap = started + spec.duration, started + spec.max_duration
+    ended: list[float] = []   # when this worker first saw the load over
+
+    def loading() -> bool:
+        now = time.monotonic()
+        if now < cap and (now < deadline or grants.value < spec.min_grants):
+            return True
+        ended[:] = ended or [now]
+        return False
+
     n = 0
-    while time.monotonic() < deadline:
+    while loading():
         table = rng.choices(tables, [TABLE_WEIGHTS.get(t, 1.0) for t in tables])[0]
         owner = f"w{spec.worker}-{n}"
         n += 1
@@ -210,7 +227,7 @@ def _work(spec: WorkerSpec, barrier: Any) -> dict[str, Any]:
             if state.status is LeaseStatus.GONE:
                 counts["gone_while_waiting"] += 1
                 break
-            if time.monotonic() > deadline + spec.give_up_after:
+            if not loading() and time.monotonic() > ended[0] + spec.give_up_after:
                 timed(store.release, state.request_id, owner)
                 counts["gave_up"] += 1
                 break
@@ -219,6 +236,8 @@ def _work(spec: WorkerSpec, barrier: Any) -> dict[str, Any]:
         if not state.granted:
             continue
         counts["granted"] += 1
+        with grants.get_lock():
+            grants.value += 1
         time.sleep(rng.uniform(*spec.hold))
         if rng.random() < spec.renew_probability:
             timed(store.renew, state.request_id, owner)
@@ -311,8 +330,12 @@ class ContentionRun:
 
 
 def run_contention(url: str, tables: Mapping[str, str], *, workers: int, duration: float, pool: str = POOL,
-                   max_writers: int | None = None, seed: int = 0, ttl: float = TTL) -> ContentionRun:
+                   max_writers: int | None = None, seed: int = 0, ttl: float = TTL, min_grants: int = 0,
+                   max_duration: float | None = None) -> ContentionRun:
     """Start ``workers`` spawned processes on the store at ``url``, release them together, and collect the audit.
+
+    The load lasts ``duration`` seconds, longer if the workers have had fewer than ``min_grants`` grants by then,
+    up to ``max_duration`` (ten times ``duration`` by default: only a store that hangs gets that far).
 
     Raises:
         AssertionError: a worker failed (its traceback is in the message) or did not finish in time.
@@ -320,9 +343,12 @@ def run_contention(url: str, tables: Mapping[str, str], *, workers: int, duratio
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(workers + 1)
     results = ctx.Queue()
+    grants = ctx.Value("q", 0)
+    max_duration = 10 * duration if max_duration is None else max_duration
     specs = [WorkerSpec(url=url, tables=dict(tables), worker=i, duration=duration, seed=seed * 1000 + i, pool=pool,
-                        max_writers=max_writers, ttl=ttl) for i in range(workers)]
-    processes = [ctx.Process(target=run_worker, args=(s, barrier, results), name=f"lease-worker-{s.worker}")
+                        max_writers=max_writers, ttl=ttl, min_grants=min_grants, max_duration=max_duration)
+             for i in range(workers)]
+    processes = [ctx.Process(target=run_worker, args=(s, barrier, results, grants), name=f"lease-worker-{s.worker}")
                  for s in specs]
     SqlLeaseStore(url).close()  # creates the schema before the workers race to
     outputs: list[dict[str, Any]] = []
@@ -336,7 +362,7 @@ def run_contention(url: str, tables: Mapping[str, str], *, workers: int, duratio
             raise AssertionError("a worker failed before the load started:\n"
                                  + "\n".join(o.get("error", "") for o in outputs)) from None
         started = time.monotonic()
-        outputs = _drain(results, workers, timeout=duration + specs[0].give_up_after + 120)
+        outputs = _drain(results, workers, timeout=max_duration + specs[0].give_up_after + 120)
         load_seconds = time.monotonic() - started
         for process in processes:
             process.join(timeout=30)

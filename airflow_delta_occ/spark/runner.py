@@ -24,7 +24,8 @@ import sys
 import time
 import traceback
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_delta_occ.engine.sql_parser import render_identifier
@@ -39,7 +40,7 @@ from airflow_delta_occ.exceptions import (
 from airflow_delta_occ.jobs.result import REFUSED_TYPES, JobResult, JobStatus, OpenLineageParent
 from airflow_delta_occ.jobs.spec import JobSpec
 from airflow_delta_occ.jobs.sql import statement_sql, target_sql
-from airflow_delta_occ.retry.classify import classify_conflict
+from airflow_delta_occ.retry.classify import ConflictKind, classify_conflict
 from airflow_delta_occ.retry.policy import RetryOutcome, policies_for, run_with_policies
 from airflow_delta_occ.spark import errors as spark_errors
 from airflow_delta_occ.spark.session import INHERITED_CONNECT_ENV
@@ -167,13 +168,25 @@ def _write(session: Any, spec: JobSpec, source: Any, source_view: str | None) ->
         writer.saveAsTable(spec.target.name)
 
 
-def find_commit(session: Any, spec: JobSpec, after_version: int) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class Commit:
+    """A commit of this task run found in the table's history."""
+
+    version: int
+    operation: str
+    metrics: Mapping[str, str]
+    user_metadata: str
+    new: bool
+    """Made by this job (its version is past the one the job started from), not by an earlier try."""
+
+
+def find_commit(session: Any, spec: JobSpec, after_version: int) -> Commit | None:
     """The newest commit of this task run (any try) in the table's history, if there is one."""
     for row in run_sql(session, f"DESCRIBE HISTORY {target_sql(spec)} LIMIT 100").collect():
         if spec.run.tagged(row["userMetadata"]) and not _auto_compaction(row):
-            return {"version": int(row["version"]), "operation": row["operation"],
-                    "metrics": dict(row["operationMetrics"] or {}),
-                    "user_metadata": row["userMetadata"], "new": int(row["version"]) > after_version}
+            return Commit(version=int(row["version"]), operation=row["operation"],
+                          metrics=dict(row["operationMetrics"] or {}), user_metadata=row["userMetadata"],
+                          new=int(row["version"]) > after_version)
     return None
 
 
@@ -193,14 +206,11 @@ def run_job(spark: Any, spec: JobSpec, *, sleep: Any = time.sleep) -> JobResult:
     """
     started = time.monotonic()
     outcome = RetryOutcome()
-    progress: dict[str, Any] = {"dropped_source_rows": 0, "openlineage_parent": None}
+    progress = JobProgress()
     try:
-        commit = _run(spark, spec, outcome, progress, sleep)
-        fields: dict[str, Any] = {"status": JobStatus.SUCCESS, "version": commit["version"] if commit else None,
-                                  "metrics": commit["metrics"] if commit else {},
-                                  "already_committed": bool(commit and not commit["new"])}
+        ended = _succeeded(_run(spark, spec, outcome, progress, sleep))
     except Exception as exc:  # every outcome of the job becomes a status (decoded by raise_for_status)
-        fields = _failure(exc)
+        ended = _failure(exc)
     conflicts = tuple(outcome.conflicts)
     app_id, ui_url = spark_application(spark)
     return JobResult(spark_app_id=app_id, spark_ui_url=ui_url,
@@ -208,8 +218,39 @@ def run_job(spark: Any, spec: JobSpec, *, sleep: Any = time.sleep) -> JobResult:
                      partition_filter=spec.partition_filter_sql, attempts=outcome.attempts, conflicts=conflicts,
                      run_seconds=round(time.monotonic() - started, 3),
                      wait_seconds=round(sum(c.delay for c in conflicts if c.action == "retry"), 3),
-                     dropped_source_rows=progress["dropped_source_rows"],
-                     openlineage_parent=progress["openlineage_parent"], **fields)
+                     dropped_source_rows=progress.dropped_source_rows, openlineage_parent=progress.openlineage_parent,
+                     status=ended.status, version=ended.version, metrics=ended.metrics,
+                     already_committed=ended.already_committed, error=ended.error, error_type=ended.error_type,
+                     conflict=ended.conflict, refused=ended.refused)
+
+
+@dataclass
+class JobProgress:
+    """What a job learned on its way, reported whether it succeeds or fails (filled in as it runs)."""
+
+    dropped_source_rows: int = 0
+    openlineage_parent: OpenLineageParent | None = None
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """How a job ended: the status and the result fields that go with it."""
+
+    status: JobStatus
+    version: int | None = None
+    metrics: Mapping[str, str] = field(default_factory=dict)
+    already_committed: bool = False
+    error: str | None = None
+    error_type: str | None = None
+    conflict: ConflictKind | None = None
+    refused: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _succeeded(commit: Commit | None) -> JobEnd:
+    if commit is None:  # nothing committed (e.g. a DELETE that matched no row)
+        return JobEnd(JobStatus.SUCCESS)
+    return JobEnd(JobStatus.SUCCESS, version=commit.version, metrics=commit.metrics,
+                  already_committed=not commit.new)
 
 
 def spark_application(spark: Any) -> tuple[str | None, str | None]:
@@ -231,32 +272,30 @@ def spark_application(spark: Any) -> tuple[str | None, str | None]:
         return None, None
 
 
-def _failure(exc: Exception) -> dict[str, Any]:
+def _failure(exc: Exception) -> JobEnd:
     """The status, message and fields a failure is reported with (decoded by ``raise_for_status``)."""
     if isinstance(exc, ConflictSkipped):
-        return {"status": JobStatus.SKIPPED, "error": str(exc), "conflict": exc.kind}
+        return JobEnd(JobStatus.SKIPPED, error=str(exc), conflict=exc.kind)
     if isinstance(exc, ConflictFailure):
-        return {"status": JobStatus.CONFLICT, "error": str(exc), "conflict": exc.kind}
+        return JobEnd(JobStatus.CONFLICT, error=str(exc), conflict=exc.kind)
     if isinstance(exc, REFUSED_TYPES):
         refused = {"count": exc.count, "samples": list(exc.samples)} \
             if isinstance(exc, SourceOutsidePartitionsError) else {}
-        return {"status": JobStatus.REJECTED, "error": str(exc), "error_type": type(exc).__name__,
-                "refused": refused}
+        return JobEnd(JobStatus.REJECTED, error=str(exc), error_type=type(exc).__name__, refused=refused)
     traceback.print_exception(exc)  # the driver log (and the task log, embedded) keeps the whole story
-    return {"status": JobStatus.ERROR, "error": f"{type(exc).__name__}: {spark_errors.message(exc)}",
-            "error_type": type(exc).__name__}
+    return JobEnd(JobStatus.ERROR, error=f"{type(exc).__name__}: {spark_errors.message(exc)}",
+                  error_type=type(exc).__name__)
 
 
-def _run(spark: Any, spec: JobSpec, outcome: RetryOutcome, progress: dict[str, Any], sleep: Any,
-         ) -> dict[str, Any] | None:
+def _run(spark: Any, spec: JobSpec, outcome: RetryOutcome, progress: JobProgress, sleep: Any) -> Commit | None:
     session = _private_session(spark)
-    progress["openlineage_parent"] = openlineage_parent_seen(session)
+    progress.openlineage_parent = openlineage_parent_seen(session)
     with pinned_settings(session):  # every statement below means what the provider rendered
         return _run_pinned(session, spec, outcome, progress, sleep)
 
 
-def _run_pinned(session: Any, spec: JobSpec, outcome: RetryOutcome, progress: dict[str, Any], sleep: Any,
-                ) -> dict[str, Any] | None:
+def _run_pinned(session: Any, spec: JobSpec, outcome: RetryOutcome, progress: JobProgress, sleep: Any,
+                ) -> Commit | None:
     session.conf.set(USER_METADATA_CONF, spec.run.user_metadata())
     if spec.idempotent and spec.operation in ("merge", "update", "delete"):
         session.conf.set(TXN_APP_ID_CONF, spec.run.app_id)
@@ -267,7 +306,7 @@ def _run_pinned(session: Any, spec: JobSpec, outcome: RetryOutcome, progress: di
     if source is not None:
         source_view = f"delta_occ_source_{uuid.uuid4().hex}"
         source.createOrReplaceTempView(source_view)
-        source, progress["dropped_source_rows"] = confine_source(session, spec, source, source_view)
+        source, progress.dropped_source_rows = confine_source(session, spec, source, source_view)
     try:
         run_with_policies(lambda attempt: _execute_once(session, spec, source, source_view),
                           policies_for(spec.operation, spec.retry_policies), outcome=outcome, sleep=sleep,

@@ -1,0 +1,72 @@
+"""The runner's typed edges: the commit it finds in the history and how a job's end becomes result fields
+(the runner itself runs on real Spark in ``tests/spark``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from airflow_delta_occ.exceptions import (
+    ConflictFailure,
+    ConflictSkipped,
+    SourceOutsidePartitionsError,
+)
+from airflow_delta_occ.jobs.result import JobStatus
+from airflow_delta_occ.jobs.spec import JobSpec
+from airflow_delta_occ.retry.classify import ConflictKind
+from airflow_delta_occ.spark.runner import Commit, JobEnd, _failure, _succeeded, find_commit
+
+pytestmark = pytest.mark.unit
+
+SPEC = JobSpec.from_json('{"operation": "delete", "target": {"path": "/lake/t"}, "run": {"dag_id": "d", '
+                         '"task_id": "t", "run_id": "r", "map_index": -1, "try_number": 2, "first_try": 1}, '
+                         '"condition": null}')
+
+
+class _History:
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows, self.statements = rows, []
+
+    def sql(self, text: str) -> Any:
+        self.statements.append(text)
+        return self
+
+    def collect(self) -> list[dict[str, Any]]:
+        return self.rows
+
+
+def _row(version: int, operation: str, metadata: str | None, auto: bool = False) -> dict[str, Any]:
+    return {"version": version, "operation": operation, "operationMetrics": {"numDeletedRows": str(version)},
+            "userMetadata": metadata, "operationParameters": {"auto": "true"} if auto else {}}
+
+
+def test_the_newest_commit_of_the_task_run_not_auto_compaction() -> None:
+    mine = SPEC.run.user_metadata()
+    other = json.dumps({"airflow": {"dag_id": "d", "task_id": "other", "run_id": "r", "map_index": -1}})
+    history = _History([_row(9, "OPTIMIZE", mine, auto=True), _row(8, "WRITE", other), _row(7, "DELETE", mine),
+                        _row(5, "DELETE", mine)])
+    found = find_commit(history, SPEC, after_version=6)
+    assert found == Commit(version=7, operation="DELETE", metrics={"numDeletedRows": "7"}, user_metadata=mine,
+                           new=True)
+    assert find_commit(history, SPEC, after_version=7) == Commit(7, "DELETE", {"numDeletedRows": "7"}, mine, False)
+    assert find_commit(_History([_row(3, "WRITE", other)]), SPEC, after_version=0) is None
+    assert history.statements == ["DESCRIBE HISTORY delta.`/lake/t` LIMIT 100"] * 2
+
+
+def test_a_success_reports_the_commit_or_nothing() -> None:
+    assert _succeeded(None) == JobEnd(JobStatus.SUCCESS)
+    assert _succeeded(Commit(4, "DELETE", {"n": "1"}, "{}", new=False)) == JobEnd(
+        JobStatus.SUCCESS, version=4, metrics={"n": "1"}, already_committed=True)
+
+
+def test_each_failure_becomes_its_status() -> None:
+    assert _failure(ConflictSkipped("skipped", kind=ConflictKind.APPEND)) == JobEnd(
+        JobStatus.SKIPPED, error="skipped", conflict=ConflictKind.APPEND)
+    assert _failure(ConflictFailure("gave up", kind=ConflictKind.APPEND, attempts=3)) == JobEnd(
+        JobStatus.CONFLICT, error="gave up", conflict=ConflictKind.APPEND)
+    refused = _failure(SourceOutsidePartitionsError("2 rows outside", count=2, samples=({"d": 1},)))
+    assert refused == JobEnd(JobStatus.REJECTED, error="2 rows outside", error_type="SourceOutsidePartitionsError",
+                             refused={"count": 2, "samples": [{"d": 1}]})
+    assert _failure(OSError("disk")) == JobEnd(JobStatus.ERROR, error="OSError: disk", error_type="OSError")

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_delta_occ.engine.constraints import confining_conjuncts
-from airflow_delta_occ.engine.expressions import is_deterministic
-from airflow_delta_occ.engine.sql_parser import render_identifier, to_sql
+from airflow_delta_occ.engine.expressions import Column, is_deterministic
+from airflow_delta_occ.engine.sql_parser import parse_predicate, to_sql
 from airflow_delta_occ.exceptions import JobSpecError, MissingPartitionConstraintError
 
 from .checks import (
@@ -35,10 +35,10 @@ from .operations import ClauseKind, JobOperation
 from .partitions import (
     PartitionFilter,
     build_partition_filter,
+    canonical_tree,
     conjoin,
     conjoin_exprs,
     parse_expression,
-    render_expression,
 )
 from .spec import JobSpec, MergeClause, RunIdentity, SourceRef, TableRef
 
@@ -163,12 +163,6 @@ class _Build:
             raise MissingPartitionConstraintError(message)
         self.warn(message)
 
-    def source_check(self, pfilter: PartitionFilter) -> dict[str, Any]:
-        """An append's or overwrite's check that every source row writes inside the partitions."""
-        if not pfilter:
-            return {}
-        values = {c: f"`s`.{render_identifier(c)}" for c in pfilter.columns}
-        return {"source_check": pfilter.over(typed_operands(values, pfilter), values), "source_values": values}
 
 
 def _merge(build: _Build, args: MergeArguments) -> JobSpec:
@@ -179,15 +173,13 @@ def _merge(build: _Build, args: MergeArguments) -> JobSpec:
     condition = conjoin_exprs(on, confined)
     build.check_constrained(JobOperation.MERGE, condition, args.target_alias)
     clauses = []
-    writes: list[dict[str, str]] = []
-    source_prefix = f"{render_identifier(args.source_alias)}."
+    writes: list[dict[str, Expr]] = []
     for i, c in enumerate(check_clauses(args.clauses)):
         kind = ClauseKind(c["kind"])
         tree = parse_expression(c["condition"], f"clauses[{i}].condition") if c.get("condition") else None
         if kind.by_source:  # rows of other partitions are "not matched by source" too
             tree = conjoin_exprs(confined, tree)
-        cond = to_sql(tree) if tree is not None else None
-        values: dict[str, str] = {}
+        values: dict[str, Expr] = {}
         for key, value in (c.get("set") or {}).items():
             name = column_name(snapshot, key, f"clauses[{i}].set")
             if name in values:
@@ -200,16 +192,16 @@ def _merge(build: _Build, args: MergeArguments) -> JobSpec:
                 raise JobSpecError(f"clauses[{i}].set[{key}] writes partition column {name!r} with a "
                                    "non-deterministic expression: the rows it inserts cannot be checked "
                                    "against partitions= before they are written")
-            values[name] = to_sql(expr)
+            values[name] = expr
         if kind.copies_source_row:
-            writes.append({c: source_prefix + render_identifier(c) for c in pfilter.columns})
+            writes.append({c: Column(c, args.source_alias) for c in pfilter.columns})
         elif kind is ClauseKind.NOT_MATCHED_INSERT and pfilter:
             missing = [c for c in pfilter.columns if c not in values]
             if missing:
                 raise JobSpecError(f"clauses[{i}] (not_matched_insert) does not set partition column(s) "
                                    f"{', '.join(missing)}: its rows would land outside the partitions")
-            writes.append({c: f"({values[c]})" for c in pfilter.columns})
-        clauses.append(MergeClause(kind=kind, condition=cond, set=values))
+            writes.append({c: values[c] for c in pfilter.columns})
+        clauses.append(MergeClause(kind=kind, condition=tree, set=values))
     if not pfilter and any(c.kind.by_source for c in clauses):
         message = ("a MERGE with NOT MATCHED BY SOURCE clauses and no partitions= applies them to every row of "
                    "the table that the source does not match, in every partition")
@@ -220,10 +212,9 @@ def _merge(build: _Build, args: MergeArguments) -> JobSpec:
         raise MissingPartitionConstraintError(
             "strict_partitions needs partitions= on a MERGE: only then are its NOT MATCHED BY SOURCE clauses and "
             "its source rows confined too, not just its ON condition")
-    checks = list(dict.fromkeys(pfilter.over(typed_operands(w, pfilter), w) for w in writes)) if pfilter else []
     return JobSpec(operation=JobOperation.MERGE, **build.common(pfilter), source=args.source, condition=condition,
                    clauses=tuple(clauses), target_alias=args.target_alias, source_alias=args.source_alias,
-                   source_check=conjoin(*checks), source_values=writes[0] if checks else {})
+                   **source_check(pfilter, writes))
 
 
 def _update(build: _Build, args: UpdateArguments) -> JobSpec:
@@ -231,14 +222,14 @@ def _update(build: _Build, args: UpdateArguments) -> JobSpec:
     pfilter = build.partition_filter()
     condition = conjoin_exprs(where, pfilter.to_expr())
     build.check_constrained(JobOperation.UPDATE, condition, None)
-    values: dict[str, str] = {}
+    values: dict[str, Expr] = {}
     for key, value in args.set.items():
         name = column_name(build.snapshot, key, "set")
         if name in values:
             raise JobSpecError(f"set names {name!r} twice")
         if pfilter:
             refuse_moving_rows(build.snapshot, name, "the UPDATE")
-        values[name] = render_expression(str(value), f"set[{key}]")
+        values[name] = parse_expression(str(value), f"set[{key}]")
     return JobSpec(operation=JobOperation.UPDATE, **build.common(pfilter), condition=condition, set=values)
 
 
@@ -276,7 +267,7 @@ def _append(build: _Build, args: AppendArguments) -> JobSpec:
             f"strict_partitions needs partitions= on an append to {build.target.table.label}: only then are "
             "its rows checked to land in the partitions it names")
     return JobSpec(operation=JobOperation.APPEND, **build.common(pfilter), source=args.source,
-                   **build.source_check(pfilter))
+                   **source_check(pfilter, [{c: Column(c, "s") for c in pfilter.columns}]))
 
 
 def _overwrite_partitions(build: _Build, args: OverwritePartitionsArguments) -> JobSpec:
@@ -284,7 +275,25 @@ def _overwrite_partitions(build: _Build, args: OverwritePartitionsArguments) -> 
     if not pfilter:
         raise JobSpecError("DeltaOverwritePartitionsOperator needs partitions= (it must not replace everything)")
     return JobSpec(operation=JobOperation.OVERWRITE_PARTITIONS, **build.common(pfilter), condition=pfilter.to_expr(),
-                   **build.source_check(pfilter), source=args.source)
+                   **source_check(pfilter, [{c: Column(c, "s") for c in pfilter.columns}]), source=args.source)
+
+
+def source_check(pfilter: PartitionFilter, writes: Sequence[Mapping[str, Expr]]) -> dict[str, Any]:
+    """The check that every source row writes inside the partitions: each way the job writes a row's
+    partition values (``writes``: column -> the value written, under the source's alias) must pass
+    the partition filter, cast as Delta casts it when writing. ``source_values`` are the first way's
+    values (shown for offending rows). None without partitions, or when no source row is written.
+    """
+    if not pfilter or not writes:
+        return {}
+    checks = []
+    for write in writes:
+        operands = {c: to_sql(value) if isinstance(value, Column) else f"({to_sql(value)})"
+                    for c, value in write.items()}
+        checks.append(pfilter.over(typed_operands(operands, pfilter), operands))
+    # TRY_CAST is outside the expression model: the check is parsed once here, from provider-made text.
+    check = canonical_tree(parse_predicate(conjoin(*dict.fromkeys(checks)) or ""), "the source check")
+    return {"source_check": check, "source_values": dict(writes[0])}
 
 
 _BUILDERS: Mapping[type, Callable[[_Build, Any], JobSpec]] = {

@@ -24,7 +24,7 @@ from airflow_delta_occ.engine.expressions import Expr, and_
 from airflow_delta_occ.engine.schema import DataType, StructType
 from airflow_delta_occ.engine.sql_parser import parse_predicate, render_identifier, render_literal, to_sql
 from airflow_delta_occ.engine.values import coerce_literal, format_partition_value
-from airflow_delta_occ.exceptions import PartitionSpecError, UnsafeExpressionError
+from airflow_delta_occ.exceptions import JobSpecError, PartitionSpecError, UnsafeExpressionError
 
 from .text import refuse_substitution
 
@@ -84,7 +84,7 @@ class PartitionFilter:
     def to_expr(self, alias: str | None = None) -> Expr | None:
         """The filter as a parse tree (``None`` when unconstrained); it renders back to ``to_sql``."""
         text = self.to_sql(alias)
-        return parse_predicate(text) if text else None
+        return canonical_tree(parse_predicate(text), "partitions") if text else None
 
     def serialized(self) -> dict[str, tuple[str | None, ...]]:
         """The values as Delta serializes partition values (``None``: NULL), for ``JobSpec.partitions``."""
@@ -224,8 +224,32 @@ def build_partition_filter(schema: StructType, partition_columns: Sequence[str],
     return PartitionFilter(tuple(out.items()), tuple(types.items()))
 
 
+def canonical_tree(tree: Expr, what: str) -> Expr:
+    """The tree the parser gives for the SQL rendered from ``tree``, which must render back unchanged.
+
+    The runner executes the rendering; the footprint is planned from the returned tree, so both
+    describe one statement. Opaque parts (function calls the engine does not model) that would change
+    the statement's shape when rendered, or text that does not parse, are refused.
+
+    Raises:
+        JobSpecError: naming ``what``.
+    """
+    try:
+        text = to_sql(tree)
+        reparsed = parse_predicate(text)
+        same = to_sql(reparsed) == text
+    except (PredicateError, RecursionError, ValueError) as exc:
+        raise JobSpecError(f"{what} does not render to SQL that parses back: {exc}") from exc
+    if not same:
+        raise JobSpecError(f"{what} does not render to SQL that parses back to the same statement")
+    return reparsed
+
+
 def parse_expression(text: Any, what: str) -> Expr:
     """Parse a condition or expression from the DAG completely; the statement is rendered from the tree.
+
+    Text enters the provider here: the tree returned is the canonical one (``canonical_tree``), the
+    tree of exactly the SQL that will run, so the footprint planned from it and the statement agree.
 
     Raises:
         UnsafeExpressionError: naming ``what`` (``merge condition``, ``set[v]``...) and the position.
@@ -237,12 +261,7 @@ def parse_expression(text: Any, what: str) -> Expr:
     except PredicateError as exc:
         raise UnsafeExpressionError(f"{what} is not accepted: {exc}") from exc
     refuse_substitution(to_sql(tree), what)  # '\u0024{' or '$' '{' spell the marker in the rendered text
-    return tree
-
-
-def render_expression(text: Any, what: str) -> str:
-    """``parse_expression`` then back to canonical SQL text (identifiers quoted, literals escaped)."""
-    return to_sql(parse_expression(text, what))
+    return canonical_tree(tree, what)
 
 
 def conjoin_exprs(*conditions: Expr | None) -> Expr | None:

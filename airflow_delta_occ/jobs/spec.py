@@ -19,10 +19,11 @@ from typing import Any
 from airflow_delta_occ.engine.errors import PredicateError
 from airflow_delta_occ.engine.expr_json import expr_from_json, expr_to_json
 from airflow_delta_occ.engine.expressions import Expr, references, split_conjuncts
-from airflow_delta_occ.engine.sql_parser import parse_predicate, to_sql
+from airflow_delta_occ.engine.sql_parser import to_sql
 from airflow_delta_occ.exceptions import JobSpecError
 
 from .operations import ClauseKind, JobOperation
+from .partitions import canonical_tree
 from .text import refuse_substitution
 
 
@@ -62,11 +63,12 @@ class SourceRef:
 
 @dataclass(frozen=True)
 class MergeClause:
-    """One WHEN clause (``kind``: a ``ClauseKind`` or its value)."""
+    """One WHEN clause (``kind``: a ``ClauseKind`` or its value): its extra condition and the values
+    it sets, by column, as parse trees."""
 
     kind: ClauseKind
-    condition: str | None = None
-    set: Mapping[str, str] = field(default_factory=dict)
+    condition: Expr | None = None
+    set: Mapping[str, Expr] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         try:
@@ -136,7 +138,7 @@ class JobSpec:
     condition: Expr | None = None
     partition_filter: Expr | None = None
     partitions: Mapping[str, tuple[str | None, ...]] = field(default_factory=dict)
-    set: Mapping[str, str] = field(default_factory=dict)
+    set: Mapping[str, Expr] = field(default_factory=dict)
     clauses: tuple[MergeClause, ...] = ()
     zorder_by: tuple[str, ...] = ()
     target_alias: str = "t"
@@ -146,8 +148,8 @@ class JobSpec:
     # Rows of the source must write inside the partitions: ``source_check`` is TRUE for a source row
     # (under ``source_alias``) that does; ``source_values`` are the partition values a row writes
     # (shown for offending rows); ``source_outside`` says whether others fail the job or are dropped.
-    source_check: str | None = None
-    source_values: Mapping[str, str] = field(default_factory=dict)
+    source_check: Expr | None = None
+    source_values: Mapping[str, Expr] = field(default_factory=dict)
     source_outside: str = "fail"
 
     def __post_init__(self) -> None:
@@ -170,36 +172,62 @@ class JobSpec:
             raise JobSpecError("source_check needs a source")
         if bool(self.partitions) != (self.partition_filter is not None):
             raise JobSpecError("partitions and partition_filter go together")
-        for what, text in self._statement_texts():  # first: the checks below re-parse the rendered text
+        for what, text in self._statement_texts():  # first: canonical_tree parses the rendered text
             refuse_substitution(text, what)
-        for what in ("condition", "partition_filter"):
-            tree = getattr(self, what)
-            if tree is not None:  # the tree of exactly the text the runner will execute
-                object.__setattr__(self, what, canonical_tree(tree, what))
+        self._canonicalize()
         self._check_confined()
+
+    def _canonicalize(self) -> None:
+        """Every tree becomes the tree of exactly the SQL the runner will execute (``canonical_tree``).
+
+        However a spec was built (the operators, a subclass's ``build_spec``, ``from_json``), the
+        footprint planned from its trees and the statement rendered from them describe one statement;
+        a tree whose rendering does not parse back to itself is refused here.
+        """
+        def canon(tree: Expr | None, what: str) -> Expr | None:
+            return canonical_tree(tree, what) if tree is not None else None
+
+        def canon_all(trees: Mapping[str, Expr], what: str) -> dict[str, Expr]:
+            return {key: canonical_tree(tree, f"{what}[{key}]") for key, tree in trees.items()}
+
+        for what in ("condition", "partition_filter", "source_check"):
+            object.__setattr__(self, what, canon(getattr(self, what), what))
+        object.__setattr__(self, "set", canon_all(self.set, "set"))
+        object.__setattr__(self, "source_values", canon_all(self.source_values, "source_values"))
+        object.__setattr__(self, "clauses", tuple(
+            MergeClause(c.kind, canon(c.condition, f"clauses[{i}].condition"), canon_all(c.set, f"clauses[{i}].set"))
+            for i, c in enumerate(self.clauses)))
+
+    def trees(self) -> Iterator[tuple[str, Expr]]:
+        """Every expression of the spec, by what it is (as messages name it)."""
+        for what in ("condition", "partition_filter", "source_check"):
+            tree = getattr(self, what)
+            if tree is not None:
+                yield what, tree
+        for key, tree in self.set.items():
+            yield f"set[{key}]", tree
         for i, clause in enumerate(self.clauses):
             if clause.condition is not None:
-                _check_canonical_text(clause.condition, f"clauses[{i}].condition")
-            for key, value in clause.set.items():
-                _check_canonical_text(value, f"clauses[{i}].set[{key}]")
-        for key, value in self.set.items():
-            _check_canonical_text(value, f"set[{key}]")
+                yield f"clauses[{i}].condition", clause.condition
+            for key, tree in clause.set.items():
+                yield f"clauses[{i}].set[{key}]", tree
+        for key, tree in self.source_values.items():
+            yield f"source_values[{key}]", tree
 
     def _statement_texts(self) -> Iterator[tuple[str, object]]:
         """Every value of the spec that the runner puts into statement text, by what it is."""
         yield "table", self.target.label
         if self.source is not None:
             yield "source", [v for v in (self.source.path, self.source.table, self.source.query) if v is not None]
-        yield "condition", self.condition_sql or ""
-        yield "partitions", self.partition_filter_sql or ""
-        yield "set", dict(self.set)
+        for what, tree in self.trees():
+            yield what, to_sql(tree)
+        yield "set", list(self.set)   # the column names become statement text too
         for i, clause in enumerate(self.clauses):
-            yield f"clauses[{i}]", [clause.condition or "", dict(clause.set)]
+            yield f"clauses[{i}].set", list(clause.set)
+        yield "source_values", list(self.source_values)
         yield "zorder_by", list(self.zorder_by)
         yield "target_alias", self.target_alias
         yield "source_alias", self.source_alias
-        yield "source_check", self.source_check or ""
-        yield "source_values", dict(self.source_values)
 
     def _check_confined(self) -> None:
         """The partition predicate is what ``partitions`` says, and it confines the job as a whole.
@@ -243,75 +271,75 @@ class JobSpec:
         return to_sql(self.partition_filter) if self.partition_filter is not None else None
 
     def to_json(self) -> str:
+        """The spec as JSON: every expression in ``expr_to_json``'s form (trees, never SQL text)."""
         data = asdict(self)
-        for key in ("condition", "partition_filter"):
-            tree = getattr(self, key)
-            data[key] = expr_to_json(tree) if tree is not None else None
+        for key in ("condition", "partition_filter", "source_check"):
+            data[key] = _tree_json(getattr(self, key))
+        data["set"] = _trees_json(self.set)
+        data["source_values"] = _trees_json(self.source_values)
+        data["clauses"] = [{"kind": c.kind.value, "condition": _tree_json(c.condition), "set": _trees_json(c.set)}
+                           for c in self.clauses]
         return json.dumps(data, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> JobSpec:
+        """Decode a spec that crossed a process boundary (spark-submit); it passes every check of
+        ``__post_init__``, as a spec built in the worker does.
+
+        Raises:
+            JobSpecError: not a valid JobSpec (the message names the part).
+        """
         try:
             d = json.loads(text)
             if not isinstance(d, dict):
                 raise TypeError("a JobSpec is a JSON object")
-            trees = {key: expr_from_json(d[key]) if d.get(key) is not None else None
-                     for key in ("condition", "partition_filter")}
+            trees = {key: _tree(d.get(key), key) for key in ("condition", "partition_filter", "source_check")}
+            clauses = []
+            for i, c in enumerate(d.get("clauses") or ()):
+                if not isinstance(c, dict) or set(c) - {"kind", "condition", "set"}:
+                    raise TypeError(f"clauses[{i}] is not a merge clause")
+                condition = _tree(c.get("condition"), f"clauses[{i}].condition")
+                clauses.append(MergeClause(kind=c["kind"], condition=condition, set=_trees(c.get("set"),
+                                                                                          f"clauses[{i}].set")))
             return cls(
                 operation=d["operation"], target=TableRef(**d["target"]), run=RunIdentity(**d["run"]),
                 source=SourceRef(**d["source"]) if d.get("source") else None, **trees,
                 partitions={str(k): tuple(v) for k, v in (d.get("partitions") or {}).items()},
-                set=d.get("set") or {}, clauses=tuple(MergeClause(**c) for c in d.get("clauses") or ()),
+                set=_trees(d.get("set"), "set"), clauses=tuple(clauses),
                 zorder_by=tuple(d.get("zorder_by") or ()), target_alias=d.get("target_alias", "t"),
                 source_alias=d.get("source_alias", "s"), retry_policies=d.get("retry_policies") or {},
-                idempotent=d.get("idempotent", True), source_check=d.get("source_check"),
-                source_values=d.get("source_values") or {}, source_outside=d.get("source_outside", "fail"),
+                idempotent=d.get("idempotent", True), source_values=_trees(d.get("source_values"), "source_values"),
+                source_outside=d.get("source_outside", "fail"),
             )
         except (KeyError, TypeError, AttributeError, ValueError, RecursionError, PredicateError) as exc:
             raise JobSpecError(f"not a valid JobSpec: {exc}") from exc
 
 
-def canonical_tree(tree: Expr, what: str) -> Expr:
-    """The tree the parser gives for the SQL rendered from ``tree``, which must render back unchanged.
-
-    The runner executes the rendering; the footprint is planned from the returned tree, so both
-    describe one statement. Opaque parts (function calls the engine does not model) that would change
-    the statement's shape when rendered, or text that does not parse, are refused.
-
-    Raises:
-        JobSpecError: naming ``what``.
-    """
-    try:
-        text = to_sql(tree)
-        reparsed = parse_predicate(text)
-        same = to_sql(reparsed) == text
-    except (PredicateError, RecursionError, ValueError) as exc:
-        raise JobSpecError(f"{what} does not render to SQL that parses back: {exc}") from exc
-    if not same:
-        raise JobSpecError(f"{what} does not render to SQL that parses back to the same statement")
-    return reparsed
-
-
-def _check_carries(condition: str | None, predicate: Expr, alias: str | None, what: str) -> None:
-    """``condition`` (SQL text) has every conjunct of ``predicate`` among its top-level conjuncts."""
-    try:
-        tree = parse_predicate(condition) if condition else None
-    except (PredicateError, RecursionError) as exc:
-        raise JobSpecError(f"{what} condition is not accepted: {exc}") from exc
-    held = {to_sql(c, qualifier=alias) for c in split_conjuncts(tree)} if tree is not None else set()
+def _check_carries(condition: Expr | None, predicate: Expr, alias: str | None, what: str) -> None:
+    """``condition`` has every conjunct of ``predicate`` among its top-level conjuncts."""
+    held = {to_sql(c, qualifier=alias) for c in split_conjuncts(condition)} if condition is not None else set()
     missing = [c for c in split_conjuncts(predicate) if to_sql(c, qualifier=alias) not in held]
     if missing:
         raise JobSpecError(f"{what} does not carry the partition predicate as a top-level conjunct (it would apply to "
                            "every row of every other partition): " + ", ".join(to_sql(c) for c in missing))
 
 
-def _check_canonical_text(text: Any, what: str) -> None:
-    """Clause conditions and ``set`` values are the provider's canonical rendering of a parse tree."""
-    if not isinstance(text, str):
-        raise JobSpecError(f"{what} must be SQL text, got {type(text).__name__}")
-    try:
-        canonical = to_sql(parse_predicate(text))
-    except (PredicateError, RecursionError) as exc:
-        raise JobSpecError(f"{what} is not accepted: {exc}") from exc
-    if canonical != text:
-        raise JobSpecError(f"{what} is not in the provider's rendering ({canonical!r}); build specs with the operators")
+def _tree_json(tree: Expr | None) -> dict[str, Any] | None:
+    return expr_to_json(tree) if tree is not None else None
+
+
+def _trees_json(trees: Mapping[str, Expr]) -> dict[str, Any]:
+    return {key: expr_to_json(tree) for key, tree in trees.items()}
+
+
+def _tree(data: object, what: str) -> Expr | None:
+    """A decoded tree (``__post_init__`` checks it is the tree of its own rendering)."""
+    return expr_from_json(data) if data is not None else None
+
+
+def _trees(data: object, what: str) -> dict[str, Expr]:
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise TypeError(f"{what} is not a mapping of column to expression")
+    return {str(key): expr_from_json(value) for key, value in data.items()}

@@ -1,26 +1,45 @@
-"""The SQL statements a job runs, built from the spec (pure: no Spark).
+"""The SQL text a job runs, rendered from the spec's trees (pure: no Spark).
 
-Names are quoted here, once; expressions in the spec were parsed and rendered from their parse
-trees by the operator, so the partition predicate is a top-level conjunct of every condition.
-Keeping the builders apart from the runner lets them be tested, and read, without Spark.
+The one place a job's statement text is made: names are quoted here, once, and every expression is
+rendered from its parse tree (``to_sql``), so the partition predicate is a top-level conjunct of
+every condition. Keeping the builders apart from the runner lets them be tested, and read, without
+Spark.
 """
 
 from __future__ import annotations
 
-from airflow_delta_occ.engine.sql_parser import render_identifier
+from collections.abc import Mapping
+
+from airflow_delta_occ.engine.expressions import Expr
+from airflow_delta_occ.engine.sql_parser import render_identifier, to_sql
 
 from .spec import JobSpec
+
+
+def table_name_sql(name: str) -> str:
+    """A (multi-part) catalog table name, each part backtick-quoted: ``db.t`` as ``\`db\`.\`t\```."""
+    return ".".join(render_identifier(part) for part in name.split("."))
 
 
 def target_sql(spec: JobSpec) -> str:
     """The target as Spark SQL: ``delta.`path``` or a backtick-quoted (multi-part) table name."""
     if spec.target.path is not None:
         return f"delta.{render_identifier(spec.target.path)}"
-    return ".".join(render_identifier(part) for part in str(spec.target.name).split("."))
+    return table_name_sql(str(spec.target.name))
 
 
-def _assignments(values: dict[str, str]) -> str:
-    return ", ".join(f"{render_identifier(k)} = {v}" for k, v in values.items())
+def _assignments(values: Mapping[str, Expr]) -> str:
+    return ", ".join(f"{render_identifier(k)} = {to_sql(v)}" for k, v in values.items())
+
+
+def source_check_sql(spec: JobSpec) -> str | None:
+    """The condition a source row (under the source's alias) meets when it writes inside the partitions."""
+    return to_sql(spec.source_check) if spec.source_check is not None else None
+
+
+def source_values_sql(spec: JobSpec) -> dict[str, str]:
+    """The partition values a source row writes, by partition column (shown for rows outside)."""
+    return {name: to_sql(tree) for name, tree in spec.source_values.items()}
 
 
 def merge_sql(spec: JobSpec, source: str) -> str:
@@ -31,18 +50,19 @@ def merge_sql(spec: JobSpec, source: str) -> str:
              f"ON {spec.condition_sql}"]
     for clause in spec.clauses:
         when = clause.kind.scope.when
-        if clause.condition:
-            when += f" AND ({clause.condition})"
+        if clause.condition is not None:
+            when += f" AND ({to_sql(clause.condition)})"
         action = clause.kind.action
         if action == "update":
-            parts.append(f"{when} THEN UPDATE SET {_assignments(dict(clause.set))}")
+            parts.append(f"{when} THEN UPDATE SET {_assignments(clause.set)}")
         elif action == "update_all":
             parts.append(f"{when} THEN UPDATE SET *")
         elif action == "delete":
             parts.append(f"{when} THEN DELETE")
         elif action == "insert":
             columns = ", ".join(render_identifier(k) for k in clause.set)
-            parts.append(f"{when} THEN INSERT ({columns}) VALUES ({', '.join(clause.set.values())})")
+            values = ", ".join(to_sql(v) for v in clause.set.values())
+            parts.append(f"{when} THEN INSERT ({columns}) VALUES ({values})")
         else:
             parts.append(f"{when} THEN INSERT *")
     return "\n".join(parts)
@@ -59,7 +79,7 @@ def statement_sql(spec: JobSpec, source_view: str | None, *, source: str | None 
         return merge_sql(spec, source if source is not None else render_identifier(str(source_view)))
     if op == "update":
         where = f" WHERE {spec.condition_sql}" if spec.condition is not None else ""
-        return f"UPDATE {target} SET {_assignments(dict(spec.set))}{where}"
+        return f"UPDATE {target} SET {_assignments(spec.set)}{where}"
     if op == "delete":
         return f"DELETE FROM {target}" + (f" WHERE {spec.condition_sql}" if spec.condition is not None else "")
     if op == "optimize":

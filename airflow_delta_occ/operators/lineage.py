@@ -216,12 +216,13 @@ def source_sql(source: SourceRef) -> str:
     """A job's source as Spark SQL names it in a FROM clause: ``delta.`/path``` (the source's format),
     a quoted table name, or the query in parentheses."""
     from airflow_delta_occ.engine.sql_parser import render_identifier
+    from airflow_delta_occ.jobs.sql import table_name_sql
 
     if source.path is not None:
         fmt = source.format if _PLAIN_NAME.fullmatch(source.format) else render_identifier(source.format)
         return f"{fmt}.{render_identifier(source.path)}"
     if source.table is not None:
-        return ".".join(render_identifier(part) for part in source.table.split("."))
+        return table_name_sql(source.table)
     return f"({source.query})"
 
 

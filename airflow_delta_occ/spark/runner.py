@@ -39,7 +39,7 @@ from airflow_delta_occ.exceptions import (
 )
 from airflow_delta_occ.jobs.result import REFUSED_TYPES, JobResult, JobStatus, OpenLineageParent
 from airflow_delta_occ.jobs.spec import JobSpec
-from airflow_delta_occ.jobs.sql import statement_sql, target_sql
+from airflow_delta_occ.jobs.sql import source_check_sql, source_values_sql, statement_sql, table_name_sql, target_sql
 from airflow_delta_occ.retry.classify import ConflictKind, classify_conflict
 from airflow_delta_occ.retry.policy import RetryOutcome, policies_for, run_with_policies
 from airflow_delta_occ.spark import errors as spark_errors
@@ -105,18 +105,20 @@ def confine_source(session: Any, spec: JobSpec, source: Any, source_view: str) -
     Raises:
         SourceOutsidePartitionsError: with the number of such rows and a few of their partition values.
     """
-    if not spec.source_check:
+    check = source_check_sql(spec)
+    if check is None:
         return source, 0
     alias = render_identifier(spec.source_alias)
     columns = {c.lower() for c in source.columns}
-    for name, operand in spec.source_values.items():
+    values = source_values_sql(spec)
+    for name, operand in values.items():
         # A written value read from the source column of that name must be a top-level column: Spark
         # would otherwise resolve `s`.`date` to a field of a struct column named like the alias.
         if operand == f"{alias}.{render_identifier(name)}" and name.lower() not in columns:
             raise SourceOutsidePartitionsError(
                 f"the source has no column {name!r}, so its rows cannot be checked against the partitions "
                 f"{spec.partition_filter_sql}; nothing was written")
-    inside = f"coalesce(({spec.source_check}), false)"
+    inside = f"coalesce(({check}), false)"
     outside = run_sql(session, f"SELECT count(*) AS n FROM {render_identifier(source_view)} AS {alias} "
                           f"WHERE NOT {inside}").collect()[0]["n"]
     if not outside:
@@ -125,7 +127,7 @@ def confine_source(session: Any, spec: JobSpec, source: Any, source_view: str) -
         kept = run_sql(session, f"SELECT {alias}.* FROM {render_identifier(source_view)} AS {alias} WHERE {inside}")
         kept.createOrReplaceTempView(source_view)
         return kept, int(outside)
-    shown = ", ".join(f"{expr} AS {render_identifier(name)}" for name, expr in spec.source_values.items())
+    shown = ", ".join(f"{expr} AS {render_identifier(name)}" for name, expr in values.items())
     samples = tuple(row.asDict() for row in run_sql(
         session, f"SELECT DISTINCT {shown} FROM {render_identifier(source_view)} AS {alias} WHERE NOT {inside} "
         f"LIMIT {SAMPLE_ROWS}").collect()) if shown else ()
@@ -484,9 +486,8 @@ def describe_table(session: Any, name: str) -> dict[str, str]:
         StatementTextError: the name holds ``${``; SessionSettingError: see ``pinned_settings``;
         and Spark's own error for a table that does not exist.
     """
-    quoted = ".".join(render_identifier(part) for part in name.split("."))
     with pinned_settings(session):
-        row = run_sql(session, f"DESCRIBE DETAIL {quoted}").collect()[0]
+        row = run_sql(session, f"DESCRIBE DETAIL {table_name_sql(name)}").collect()[0]
     return {"location": str(row["location"]), "format": str(row["format"])}
 
 

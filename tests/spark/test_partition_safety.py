@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from airflow_delta_occ.engine import DeltaLog, DeltaOccError
 from airflow_delta_occ.engine.planner import Operation, plan_footprint, verdict
+from airflow_delta_occ.engine.sql_parser import to_sql
 from airflow_delta_occ.exceptions import (
     ConflictFailure,
     JobSpecError,
@@ -65,7 +66,7 @@ def test_not_matched_by_source_clauses_stay_in_their_partitions(spark: Any, sale
     src = source(spark, tmp_path, "de", [(1, 11, "2024-01-01", "DE")])
     op = nmbs_merge(sales, src)
     spec = op.build_spec(DeltaLog.for_table(sales).snapshot(), RunIdentity("sales", "sync_de", "r1"))
-    assert "`t`.`country` = 'DE'" in str(spec.clauses[2].condition)
+    assert "`t`.`country` = 'DE'" in to_sql(spec.clauses[2].condition)
     result = op.execute(context("sync_de"))
     assert result["confirmed"] and int(result["metrics"]["numTargetRowsDeleted"]) == 1
     # DE row 2 is gone (not in the source); both FR rows are untouched.
@@ -320,7 +321,7 @@ def test_identifiers_resolve_case_insensitively_and_are_quoted_once(spark: Any, 
     snapshot = DeltaLog.for_table(sales).snapshot()
     run = RunIdentity("sales", "u", "r")
     spec = DeltaUpdateOperator(task_id="u", table=sales, set={"V": "v + 1"}, partitions=DE).build_spec(snapshot, run)
-    assert dict(spec.set) == {"v": "(`v` + 1)"}
+    assert {k: to_sql(v) for k, v in spec.set.items()} == {"v": "(`v` + 1)"}
     for bad in ({"v`) = 1, (`id": "0"}, {"nope": "1"}):
         with pytest.raises(JobSpecError, match="not a column of the table"):
             DeltaUpdateOperator(task_id="u", table=sales, set=bad, partitions=DE).build_spec(snapshot, run)

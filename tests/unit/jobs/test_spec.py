@@ -8,9 +8,9 @@ import json
 import pytest
 
 from airflow_delta_occ.engine.schema import parse_schema
-from airflow_delta_occ.engine.sql_parser import parse_predicate
+from airflow_delta_occ.engine.sql_parser import parse_predicate, to_sql
 from airflow_delta_occ.exceptions import JobSpecError, PartitionSpecError, UnsafeExpressionError
-from airflow_delta_occ.jobs.partitions import NULL_PARTITION, build_partition_filter, conjoin, render_expression
+from airflow_delta_occ.jobs.partitions import NULL_PARTITION, build_partition_filter, conjoin, parse_expression
 from airflow_delta_occ.jobs.spec import JobSpec, MergeClause, RunIdentity, SourceRef, TableRef
 
 pytestmark = pytest.mark.unit
@@ -52,10 +52,10 @@ def test_bad_partitions(partitions, match):
 
 
 def test_render_expression_and_conjoin():
-    assert render_expression(" t.id = s.id ", "on") == "`t`.`id` = `s`.`id`"
+    assert to_sql(parse_expression(" t.id = s.id ", "on")) == "`t`.`id` = `s`.`id`"
     for bad in ["t.id = s.id; DROP TABLE t", "t.id = 1 -- x", "t.id = /* */ 1", "", "t.id = ("]:
         with pytest.raises(UnsafeExpressionError):
-            render_expression(bad, "on")
+            parse_expression(bad, "on")
     assert conjoin(None, "") is None
     assert conjoin("a = 1", None) == "a = 1"
     assert conjoin("a = 1 OR b = 2", "c = 3") == "(a = 1 OR b = 2) AND (c = 3)"
@@ -64,7 +64,8 @@ def test_render_expression_and_conjoin():
 def test_jobspec_round_trips_as_json():
     spec = JobSpec(operation="merge", target=TableRef(path="/t"), run=RunIdentity("d", "t", "r", 2, 3),
                    source=SourceRef(table="src"), condition=parse_predicate("t.id = s.id"),
-                   clauses=(MergeClause("matched_update", set={"v": "`s`.`v`"}), MergeClause("not_matched_insert_all")),
+                   clauses=(MergeClause("matched_update", set={"v": parse_predicate("`s`.`v`")}),
+                            MergeClause("not_matched_insert_all")),
                    retry_policies={"ConcurrentAppendException": {"max_attempts": 2}})
     assert JobSpec.from_json(spec.to_json()) == spec
     assert spec.run.app_id == "airflow:d/t/r/2"

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from airflow_delta_occ.engine import Snapshot
+from airflow_delta_occ.engine.expressions import Literal
 from airflow_delta_occ.exceptions import StatementTextError, UnsafeExpressionError
 from airflow_delta_occ.jobs.spec import JobSpec, MergeClause, RunIdentity, SourceRef, TableRef
 from airflow_delta_occ.operators.delta import (
@@ -114,10 +115,10 @@ SPEC_CASES = {
     "target name": lambda m: dict(target=TableRef(name=f"db.{m}")),
     "source path": lambda m: dict(operation="append", source=SourceRef(path=f"/lake/{m}")),
     "source table": lambda m: dict(operation="append", source=SourceRef(table=f"db.{m}")),
-    "set": lambda m: dict(operation="update", set={"v": f"'{m}'"}),
-    "set key": lambda m: dict(operation="update", set={m: "1"}),
+    "set": lambda m: dict(operation="update", set={"v": Literal(m)}),
+    "set key": lambda m: dict(operation="update", set={m: Literal(1)}),
     "clause": lambda m: dict(operation="merge", source=SourceRef(path="/lake/src"),
-                             clauses=(MergeClause("matched_update", set={"v": f"'{m}'"}),)),
+                             clauses=(MergeClause("matched_update", set={"v": Literal(m)}),)),
     "zorder": lambda m: dict(operation="optimize", zorder_by=(m,)),
     "alias": lambda m: dict(operation="merge", source=SourceRef(path="/lake/src"), target_alias=m,
                             clauses=(MergeClause("matched_delete"),)),
@@ -130,7 +131,7 @@ def test_a_spec_with_a_marker_is_refused_however_it_was_built(case: str) -> None
     from airflow_delta_occ.engine.sql_parser import parse_predicate
 
     fields: dict[str, Any] = {"operation": "delete", "target": TableRef(path="/lake/sales"), "run": RUN,
-                              "condition": parse_predicate("id = 1"), "set": {"v": "1"}}
+                              "condition": parse_predicate("id = 1"), "set": {"v": Literal(1)}}
     fields.update(SPEC_CASES[case]("${env:Q}"))
     with pytest.raises(StatementTextError):
         JobSpec(**fields)

@@ -6,12 +6,15 @@ nothing). The result goes through the same decoding as a real job's, so a ``CONF
 the typed conflict exactly as Spark's would. Install it under a mode name and point a connection at
 that mode; the operators then build their hook as usual and run through it::
 
-    transport = MemoryTransport([MemoryTransport.success(version=3)])
+    transport = MemoryTransport([MemoryTransport.success()])   # a DELETE that matched nothing
     with transport.registered("memory"):
         monkeypatch.setenv("AIRFLOW_CONN_DELTA_OCC_DEFAULT",
                            json.dumps({"conn_type": "delta_occ", "extra": {"mode": "memory"}}))
-        result = DeltaMergeOperator(...).execute(context)
-    assert transport.specs[0].operation == "merge"
+        result = DeltaDeleteOperator(...).execute(context)
+    assert transport.specs[0].operation == "delete"
+
+The operator still confirms a reported ``version`` in the table's Delta log, as after a real job: a
+result with a version needs that commit in the log (made by the test, e.g. with the engine).
 
 ``DeltaSparkHook(transport=...)`` takes a transport directly, for code that builds its own hook.
 """

@@ -394,7 +394,7 @@ def plan_footprint(
     schema = PartitionSchema.of(snapshot.metadata)
     expr = snapshot.bind(predicate, target_alias=target_alias) if predicate is not None else None
     partition_part = and_(*partition_conjuncts(expr, snapshot.partition_columns)) if expr is not None else TRUE
-    reads = op not in (Operation.INSERT, Operation.SET_PROPERTIES, Operation.SCHEMA_CHANGE, Operation.CREATE_TABLE)
+    reads = _reads(op)
     files = (snapshot.files_matching(expr) if expr is not None else snapshot.files()) if reads else []
     selected = {f.path: f.partition_values for f in files}
     read_files = {f.path: f.partition_values for f in snapshot.files()} if reads_whole_table and reads else selected
@@ -435,6 +435,25 @@ def plan_footprint(
         written_app_ids=frozenset({app_id}) if app_id else frozenset(),
         row_level_eligible=row_level_eligible and (expr is None or not has_unknown(expr)),
     )
+
+
+def planned_read(snapshot: Snapshot, operation: Operation | str, predicate: str | Expr | None = None, *,
+                 target_alias: str | None = None, reads_whole_table: bool = False) -> Expr | None:
+    """``plan_footprint(...).read_predicate`` without listing a file: the partition part of what the job
+    reads (``TRUE``: everything; ``None``: a blind write). What a commit check needs of a plan when no
+    lease needs the files."""
+    op = Operation(operation)
+    if not _reads(op):
+        return None
+    expr = snapshot.bind(predicate, target_alias=target_alias) if predicate is not None else None
+    if reads_whole_table or expr is None:
+        return TRUE
+    return and_(*partition_conjuncts(expr, snapshot.partition_columns))
+
+
+def _reads(op: Operation) -> bool:
+    """Whether the operation reads the table (every one but a blind write and metadata changes)."""
+    return op not in (Operation.INSERT, Operation.SET_PROPERTIES, Operation.SCHEMA_CHANGE, Operation.CREATE_TABLE)
 
 
 def freeze_partition(values: Mapping[str, str | None]) -> tuple[tuple[str, str | None], ...]:

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from airflow_delta_occ.engine.planner import Footprint, Operation, plan_footprint
+from airflow_delta_occ.engine.expressions import Expr
+from airflow_delta_occ.engine.planner import Footprint, Operation, plan_footprint, planned_read
 from airflow_delta_occ.engine.snapshot import Snapshot
 from airflow_delta_occ.engine.values import parse_partition_value
 
@@ -73,11 +75,42 @@ def footprint_of(spec: JobSpec, snapshot: Snapshot) -> Footprint:
     """What ``spec`` reads and writes on ``snapshot``, for the planner's conflict verdicts."""
     op = engine_operation(spec)
     writes = write_partitions(spec, snapshot) if op in (Operation.MERGE, Operation.INSERT) else None
-    reads_whole_table = op is Operation.MERGE and any(c.kind.by_source
-                                                      for c in spec.clauses)
-    predicate = spec.condition if op is not Operation.INSERT else None
     return plan_footprint(
-        snapshot, op, predicate, label=f"{spec.operation} {spec.run.task_id}",
+        snapshot, op, _predicate(spec, op), label=f"{spec.operation} {spec.run.task_id}",
         write_partitions=writes, app_id=spec.run.app_id if spec.idempotent else None,
-        target_alias=spec.target_alias if op is Operation.MERGE else None, reads_whole_table=reads_whole_table,
+        target_alias=_alias(spec, op), reads_whole_table=_reads_whole_table(spec, op),
     )
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """What a commit check needs of a job's plan (``Footprint``'s fields of the same names), planned
+    without listing the table's files: the partition part of what it reads, and whether it reads all."""
+
+    read_predicate: Expr | None
+    read_whole_table: bool
+
+
+def read_plan_of(spec: JobSpec, snapshot: Snapshot) -> ReadPlan:
+    """``footprint_of(spec, snapshot)``'s read predicate and whole-table read, without its file listing.
+
+    Raises:
+        PredicateError: the condition does not bind to the table (as ``footprint_of`` would).
+    """
+    op = engine_operation(spec)
+    whole = _reads_whole_table(spec, op)
+    return ReadPlan(planned_read(snapshot, op, _predicate(spec, op), target_alias=_alias(spec, op),
+                                 reads_whole_table=whole), whole)
+
+
+def _predicate(spec: JobSpec, op: Operation) -> Expr | None:
+    return spec.condition if op is not Operation.INSERT else None
+
+
+def _alias(spec: JobSpec, op: Operation) -> str | None:
+    return spec.target_alias if op is Operation.MERGE else None
+
+
+def _reads_whole_table(spec: JobSpec, op: Operation) -> bool:
+    # A NOT MATCHED BY SOURCE MERGE reads (and rewrites) every file, whatever its condition confines.
+    return op is Operation.MERGE and any(c.kind.by_source for c in spec.clauses)

@@ -34,6 +34,7 @@ from airflow_delta_occ.engine.planner import Footprint
 from airflow_delta_occ.engine.predicates import file_may_match
 from airflow_delta_occ.engine.snapshot import Commit, Snapshot
 
+from .footprint import ReadPlan
 from .spec import JobSpec
 
 
@@ -47,13 +48,16 @@ class Escape:
     partition: dict[str, str | None]
 
 
-def escapes(spec: JobSpec, footprint: Footprint, snapshot: Snapshot, commit: Commit) -> tuple[Escape, ...]:
-    """The files ``commit`` removed or added outside what ``spec`` planned on ``snapshot`` (none: it stayed in)."""
+def escapes(spec: JobSpec, plan: ReadPlan | Footprint, snapshot: Snapshot, commit: Commit) -> tuple[Escape, ...]:
+    """The files ``commit`` removed or added outside what ``spec`` planned on ``snapshot`` (none: it stayed in).
+
+    ``plan`` is the job's ``ReadPlan`` (or its whole ``Footprint``): its read predicate and whole-table read.
+    """
     schema = PartitionSchema.of(snapshot.metadata)
     if not schema:
         return ()  # an unpartitioned table has no partitions to leave
     confined = snapshot.bind(spec.partition_filter) if spec.partition_filter is not None else None
-    planned = footprint.read_predicate
+    planned = plan.read_predicate
     out = []
     known: dict[str, AddFile] | None = None  # the read snapshot's files, if a remove needs them
     copies: dict[tuple[tuple[str, str | None], ...], _Copies] = {}
@@ -78,7 +82,7 @@ def escapes(spec: JobSpec, footprint: Footprint, snapshot: Snapshot, commit: Com
         if bounds is not None and _inside(schema, raw, bounds):
             continue
         escape = Escape(change, action.path, schema.hint(raw))
-        if not footprint.read_whole_table or spec.operation != "merge":
+        if not plan.read_whole_table or spec.operation != "merge":
             out.append(escape)
             continue
         # A NOT MATCHED BY SOURCE MERGE copies other partitions: count their rows in and out.

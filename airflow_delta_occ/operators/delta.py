@@ -69,8 +69,9 @@ if TYPE_CHECKING:  # the engine loads pyarrow: imported when a table is read, no
     import jinja2
     from airflow.sdk import Context
 
-    from airflow_delta_occ.engine import Snapshot
+    from airflow_delta_occ.engine import Commit, Snapshot
     from airflow_delta_occ.engine.planner import Footprint
+    from airflow_delta_occ.jobs.footprint import ReadPlan
     from airflow_delta_occ.jobs.verify import Escape
     from airflow_delta_occ.pools.config import Pool
     from airflow_delta_occ.pools.leases.base import LeaseStore
@@ -78,14 +79,21 @@ if TYPE_CHECKING:  # the engine loads pyarrow: imported when a table is read, no
 
 @dataclass(frozen=True)
 class PreparedJob:
-    """Everything decided before Spark starts: the table's location and snapshot, the job, and its
-    footprint (what it reads and writes, planned from the spec and the snapshot alone). A conflict
-    lease is taken on the footprint between ``prepare`` and ``run``."""
+    """Everything decided before Spark starts: the table's location and snapshot, the job, and what it
+    reads (``read_plan``, which the commit check judges the commit by). A conflict lease is taken on
+    the job's ``footprint`` between ``prepare`` and ``run``: planned on first use, since listing the
+    files it reads and writes is needed only for a lease."""
 
     location: str
     snapshot: Snapshot
     spec: JobSpec
-    footprint: Footprint
+    read_plan: ReadPlan
+
+    @cached_property
+    def footprint(self) -> Footprint:
+        from airflow_delta_occ.jobs.footprint import footprint_of
+
+        return footprint_of(self.spec, self.snapshot)
 
 
 class DeltaBaseOperator(BaseOperator):
@@ -440,13 +448,13 @@ class DeltaBaseOperator(BaseOperator):
         super().on_kill()
 
     def prepare(self, context: Any) -> PreparedJob:
-        """Read the table's snapshot (no Spark), build the job and plan its footprint.
+        """Read the table's snapshot (no Spark), build the job and plan what it reads.
 
         Raises:
             TableNotFoundError: before Spark starts; JobSpecError: the job cannot be built.
         """
         from airflow_delta_occ.engine import DeltaLog
-        from airflow_delta_occ.jobs.footprint import footprint_of
+        from airflow_delta_occ.jobs.footprint import read_plan_of
 
         self._inject_openlineage_properties(context)
         location = self._location()
@@ -456,7 +464,7 @@ class DeltaBaseOperator(BaseOperator):
         # could lose.
         self.hook.use_storage(location, spec.source.path if spec.source is not None else None)
         self._lineage = lineage_of(location, spec, snapshot)
-        return PreparedJob(location, snapshot, spec, footprint_of(spec, snapshot))
+        return PreparedJob(location, snapshot, spec, read_plan_of(spec, snapshot))
 
     def _inject_openlineage_properties(self, context: Any) -> None:
         """Add the OpenLineage parent job (and transport) properties to the job's Spark conf, with the
@@ -520,12 +528,12 @@ class DeltaBaseOperator(BaseOperator):
 
                 return OperatorLineage()
             lineage = DeltaJobLineage(location=self.table, operation=self.operation)
-        elif lineage.version is not None:
+        elif lineage.version is not None and lineage.commit_operation is None:  # confirm did not see the commit
             try:  # the schema the commit left (a MERGE may have evolved it), and Delta's name of the commit
                 log = DeltaLog.for_table(lineage.location, credentials=self.hook.credentials_for(lineage.location))
                 snapshot = log.snapshot(lineage.version)
                 [commit] = log.commits_after(lineage.version - 1, until=lineage.version)
-                lineage = replace(lineage, columns=schema_columns(snapshot), commit_operation=(
+                lineage = replace(lineage, columns=schema_columns(snapshot.schema), commit_operation=(
                     commit.commit_info.operation if commit.commit_info is not None else None))
             except Exception as exc:  # lineage must never fail the task; the prepared schema stands
                 self.log.warning("OpenLineage: cannot read version %s of the table: %s", lineage.version, exc)
@@ -552,18 +560,38 @@ class DeltaBaseOperator(BaseOperator):
         after = min(prepared.snapshot.version, result.version - 1)  # an earlier try may have committed it
         # Every commit tagged with this run: the job's, and any Delta made in its name after it
         # (auto-compaction carries the job's userMetadata). Each must stay in the partitions.
-        ours = [c for c in log.commits_after(after)
-                if spec.run.tagged(c.commit_info.user_metadata if c.commit_info else None)]
+        commits = log.commits_after(after)
+        ours = [c for c in commits if spec.run.tagged(c.commit_info.user_metadata if c.commit_info else None)]
         if result.version not in {c.version for c in ours}:
             raise CommitNotConfirmedError(f"version {result.version} of {prepared.location} is not tagged with run "
                                           f"{spec.run.app_id}")
         from airflow_delta_occ.jobs.verify import escapes
 
         for commit in ours:
-            outside = escapes(spec, prepared.footprint, prepared.snapshot, commit)
+            outside = escapes(spec, prepared.read_plan, prepared.snapshot, commit)
             if outside:
                 raise self._escaped(prepared, commit.version, outside)
+        self._note_commit(prepared, commits, result.version)
         return replace(result, confirmed=True)
+
+    def _note_commit(self, prepared: PreparedJob, commits: Sequence[Commit], version: int) -> None:
+        """Keep for lineage what the commits ``confirm`` read say of ``version``: Delta's name of its commit
+        and the schema it left (a MERGE may evolve it), so lineage need not read the log again. A
+        version an earlier try committed (before the prepared snapshot) is read by lineage itself."""
+        from airflow_delta_occ.engine.actions import Metadata
+
+        if self._lineage is None or version <= prepared.snapshot.version:
+            return
+        schema, operation = prepared.snapshot.schema, None
+        for commit in commits:
+            if commit.version > version:
+                break
+            for action in commit.actions:
+                if isinstance(action, Metadata):
+                    schema = action.schema
+            if commit.version == version and commit.commit_info is not None:
+                operation = commit.commit_info.operation
+        self._lineage = replace(self._lineage, columns=schema_columns(schema), commit_operation=operation)
 
     def _escaped(self, prepared: PreparedJob, version: int, outside: tuple[Escape, ...]
                  ) -> CommitOutsidePartitionsError:
@@ -574,8 +602,8 @@ class DeltaBaseOperator(BaseOperator):
         changes = ", ".join(f"{sum(e.change == c for e in outside)} file(s) {c}" for c in ("removed", "added")
                             if any(e.change == c for e in outside))
         restore = f"RESTORE TABLE {target_sql(spec)} TO VERSION AS OF {version - 1}"
-        planned = spec.partition_filter_sql or (to_sql(prepared.footprint.read_predicate)
-                                                if prepared.footprint.read_predicate is not None else "nothing")
+        planned = spec.partition_filter_sql or (to_sql(prepared.read_plan.read_predicate)
+                                                if prepared.read_plan.read_predicate is not None else "nothing")
         message = (f"DATA SAFETY: version {version} of {spec.target.label}, committed by this task, changed files "
                    f"outside the partitions it was planned for ({planned}): {changes} in partition(s) {shown}. The "
                    f"task fails instead of reporting success. To undo the commit run `{restore}` (it also undoes any "

@@ -22,6 +22,7 @@ from airflow_delta_occ.jobs.operations import JobOperation
 
 if TYPE_CHECKING:
     from airflow_delta_occ.engine import Snapshot
+    from airflow_delta_occ.engine.schema import StructType
     from airflow_delta_occ.jobs.spec import JobSpec, SourceRef
 
 # Object-store and distributed-file-system schemes whose namespace is ``scheme://authority``, spelled as
@@ -204,9 +205,9 @@ def operator_lineage(job: DeltaJobLineage) -> Any:
                            job_facets=job_facets)
 
 
-def schema_columns(snapshot: Snapshot) -> tuple[tuple[str, str], ...]:
-    """The table's columns as (name, Delta type) pairs, for the schema facet."""
-    return tuple((f.name, f.type.simple_string()) for f in snapshot.schema.fields)
+def schema_columns(schema: StructType) -> tuple[tuple[str, str], ...]:
+    """A table schema's columns as (name, Delta type) pairs, for the schema facet."""
+    return tuple((f.name, f.type.simple_string()) for f in schema.fields)
 
 
 _PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -247,7 +248,7 @@ def lineage_of(location: str, spec: JobSpec, snapshot: Snapshot) -> DeltaJobLine
     (the SQL facet's statement names it).
     """
     source = spec.source
-    return DeltaJobLineage(location=location, operation=spec.operation, columns=schema_columns(snapshot),
+    return DeltaJobLineage(location=location, operation=spec.operation, columns=schema_columns(snapshot.schema),
                            table_name=spec.target.name, source_location=source.path if source else None,
                            source_format=source.format if source else "delta",
                            source_query=source.query if source else None, statement=job_statement(spec),

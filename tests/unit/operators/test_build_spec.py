@@ -159,3 +159,30 @@ def test_mapped_tasks_get_the_delta_retry_policy_when_unmapped() -> None:
                              task_id="d2", where="id = 1")
     assert isinstance(op.retry_policy, DeltaConflictRetryPolicy)
     assert op.retry_policy.overrides == {"MetadataChangedException": {"action": "fail"}}
+
+
+@pytest.mark.parametrize("partitions", [DE, None])
+@pytest.mark.parametrize("operation", ["merge", "update", "delete", "optimize", "append", "overwrite_partitions",
+                                       "merge_nmbs"])
+def test_the_read_plan_is_the_footprints_read_without_listing_files(table: tuple[str, Snapshot], operation: str,
+                                                                     partitions: dict[str, str] | None,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """``prepare`` plans only what the commit check needs (no file listing without a lease): the same
+    read predicate and whole-table read as the footprint a lease would take."""
+    from airflow_delta_occ.jobs.footprint import read_plan_of
+
+    path, snapshot = table
+    if operation == "overwrite_partitions" and partitions is None:
+        return
+    op = (DeltaMergeOperator(task_id="m", table=path, source="/src", merge_condition="t.id = s.id",
+                             partitions=partitions, clauses=[{"kind": "not_matched_by_source_delete"}])
+          if operation == "merge_nmbs" else operators(path)[operation])
+    op.partitions = partitions
+    spec = op.build_spec(snapshot, RUN)
+    footprint = footprint_of(spec, snapshot)
+    listed: list[str] = []
+    monkeypatch.setattr(Snapshot, "files_matching", lambda self, *a, **k: listed.append("files_matching"))
+    monkeypatch.setattr(Snapshot, "files", lambda self, *a, **k: listed.append("files"))
+    plan = read_plan_of(spec, snapshot)
+    assert (plan.read_predicate, plan.read_whole_table) == (footprint.read_predicate, footprint.read_whole_table)
+    assert listed == []

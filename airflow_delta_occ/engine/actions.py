@@ -186,6 +186,10 @@ def _dv(d: Mapping[str, Any]) -> DeletionVectorDescriptor | None:
     return None if value is None else DeletionVectorDescriptor.from_dict(_object(value, "'deletionVector'"))
 
 
+#: A logical file's identity in the log: its path and its deletion vector's unique id ("" without one).
+FileKey = tuple[str, str]
+
+
 def file_key(path: str, dv: DeletionVectorDescriptor | None) -> tuple[str, str]:
     """Logical file identity in action reconciliation: the path plus the deletion vector id."""
     return (path, dv.unique_id if dv is not None else "")

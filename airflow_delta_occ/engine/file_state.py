@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from .actions import AddFile
+from .actions import AddFile, FileKey
 
 if TYPE_CHECKING:
     import numpy as np
@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from .file_table import CheckpointFiles
     from .stats_columns import StatsByText
 
-FileKey = tuple[str, str]
 #: Per logical file, the newest action of a run of commits: an add, or ``None`` for a remove.
 PendingChanges = Mapping[FileKey, AddFile | None]
 

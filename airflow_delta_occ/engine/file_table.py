@@ -17,9 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .actions import ADD, AddFile, decode_action
+from .actions import ADD, AddFile, FileKey, decode_action
 from .errors import LogCorruptError
-from .file_state import FileKey
 from .stats_columns import StatsColumns
 
 #: Checkpoint rows grouped by partition: per row a group code, per group its raw partition values.

@@ -30,6 +30,7 @@ from .actions import (
     AddFile,
     CommitInfo,
     DomainMetadata,
+    FileKey,
     Metadata,
     Protocol,
     RemoveFile,
@@ -38,7 +39,7 @@ from .actions import (
 )
 from .errors import InvalidVersionError, LogCorruptError, UnsupportedProtocolError, VersionNotFoundError
 from .expressions import and_, split_conjuncts
-from .file_state import FileKey, FileState
+from .file_state import FileState
 from .log_segment import LOG_DIR, LogListing, build_segment, commit_file_name, list_log
 from .object_store import StorageCredentials
 from .predicates import (

@@ -64,3 +64,62 @@ def test_footprint_and_verdict_types_load_without_pyarrow_or_numpy() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+#: The floors of the package, lowest first: a module may import its own folder and the floors below
+#: it, never one beside or above it (so no import circle can span folders, and each floor can be read
+#: knowing only what is under it). Top-level modules count as folders of their own.
+FLOORS: tuple[frozenset[str], ...] = (
+    frozenset({"engine"}),
+    frozenset({"exceptions"}),
+    frozenset({"retry", "pools"}),
+    frozenset({"jobs", "config"}),
+    frozenset({"spark", "demo", "policy"}),
+    frozenset({"hooks"}),
+    frozenset({"triggers", "cli"}),
+    frozenset({"operators", "sensors"}),
+)
+APART = frozenset({"get_provider_info", "__init__"})   # read by Airflow by name; imports nothing of ours
+
+
+def _folder_imports() -> list[tuple[str, str, str]]:
+    """(importing file, its folder, the folder it imports) for every import of the package by the
+    package, at any depth (function-level and ``TYPE_CHECKING`` imports are dependencies too)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(airflow_delta_occ.engine.__file__).parent.parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root)
+        folder = relative.parts[0].removesuffix(".py")
+        package = ".".join(("airflow_delta_occ", *relative.parts[:-1]))
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    names = [".".join([*base, node.module] if node.module else base)]
+                    if node.module is None:
+                        names = [f"{names[0]}.{alias.name}" for alias in node.names]
+                else:
+                    names = [node.module or ""]
+            for name in names:
+                parts = name.split(".")
+                if parts[0] == "airflow_delta_occ" and len(parts) > 1:
+                    found.append((str(relative), folder, parts[1]))
+    return found
+
+
+def test_every_import_between_the_packages_folders_points_down() -> None:
+    rank = {name: i for i, floor in enumerate(FLOORS) for name in floor}
+    imports = _folder_imports()
+    folders = {folder for _, folder, _ in imports} | {target for _, _, target in imports}
+    assert folders - APART <= set(rank), f"a folder without a floor: {sorted(folders - APART - set(rank))}"
+    wrong = sorted(f"{file} imports {target} ({'beside' if rank[target] == rank[folder] else 'above'} it)"
+                   for file, folder, target in imports
+                   if folder not in APART and target != folder and rank[target] >= rank[folder])
+    assert wrong == []
+    assert any(target == "engine" for _, folder, target in imports if folder == "operators")  # it read imports

@@ -14,6 +14,7 @@ metadata, Application Default Credentials), as pyarrow and Hadoop do.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from dataclasses import dataclass, field
 from datetime import UTC
@@ -225,6 +226,39 @@ _LOCATION = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://([^/]*)(.*)", re.DOTALL)
 _IPV6 = re.compile(r"(\[[0-9A-Fa-f:.]+\])(?::(.*))?", re.DOTALL)
 _SPELLINGS: dict[str, str] = {scheme: CANONICAL_SCHEMES[kind] for scheme, kind in SCHEMES.items()}
 MAX_PORT = 65535
+
+
+#: ``scheme:`` at the start of a table location (two letters at least: never a Windows drive letter).
+URI_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):(.*)", re.DOTALL)
+
+
+def canonical_table(location: str) -> str:
+    """The one spelling of a table location, a path or a URI: one physical table, one string.
+
+    The lease key (``pools.config.normalize_table``), pool patterns and OpenLineage dataset names all
+    come from it. A local path or ``file:`` URI becomes ``file:///abs/path``, with doubled ``/``
+    removed and ``.``/``..`` resolved lexically (the filesystem is never read: the scheduler may not
+    see the writer's disks); every other URI is ``canonical_location``'s spelling.
+
+    Raises:
+        UnsupportedStorageError: empty, a relative path (whose meaning depends on the writer's working
+            directory), a ``file:`` URI on another host or with user info, or a URI
+            ``canonical_location`` refuses.
+    """
+    text = location.strip()
+    uri = URI_SCHEME.fullmatch(text)
+    if uri is not None and uri.group(1).lower() != "file":
+        return canonical_location(text)
+    path = uri.group(2) if uri is not None else text
+    if uri is not None and path.startswith("//"):
+        host, _, local = path[2:].partition("/")
+        if host.lower() not in ("", "localhost"):
+            raise UnsupportedStorageError(f"{redact_uri(text)!r} is a file: URI on another host (or with user "
+                                          "info); only local file: URIs are tables")
+        path = "/" + local
+    if not path.startswith("/"):
+        raise UnsupportedStorageError(f"{redact_uri(text)!r} is a relative path; give an absolute path or a URI")
+    return "file://" + posixpath.normpath(re.sub(r"/+", "/", path))
 
 
 def canonical_location(uri: str) -> str:

@@ -17,7 +17,7 @@ from .spec import JobSpec
 
 
 def table_name_sql(name: str) -> str:
-    """A (multi-part) catalog table name, each part backtick-quoted: ``db.t`` as ``\`db\`.\`t\```."""
+    """A (multi-part) catalog table name, each part backtick-quoted (``db.t`` as two quoted parts)."""
     return ".".join(render_identifier(part) for part in name.split("."))
 
 

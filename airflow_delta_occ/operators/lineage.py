@@ -55,28 +55,31 @@ def dataset_name_for_location(location: str) -> DatasetName:
 
         raise ProviderConfigError(f"table location {redact_uri(location)!r} is not a URI ({exc})") from None
     scheme = parts.scheme.lower()
-    if scheme in ("", "file"):
-        path = parts.path if scheme == "file" else location
-        return DatasetName("file", os.path.abspath(path).rstrip("/") or "/")
-    if scheme in _AUTHORITY_SCHEMES:
-        return _authority_dataset(location)
+    if scheme == "" and not os.path.isabs(location):  # the engine reads it from the working directory
+        location = os.path.abspath(location)
+    if scheme in ("", "file", *_AUTHORITY_SCHEMES):
+        return _dataset(location)
     from airflow_delta_occ.engine.object_store import redact_uri
 
     raise ProviderConfigError(f"table location {redact_uri(location)!r}: scheme {scheme!r} has no OpenLineage "
                               "naming rule")
 
 
-def _authority_dataset(location: str) -> DatasetName:
-    """``scheme://authority`` and the key path of the location's one spelling, so every spelling of one
-    table (``hdfs://NameNode/t``, ``hdfs://namenode:8020/t/``) is one dataset, as it is one lease key."""
+def _dataset(location: str) -> DatasetName:
+    """The dataset of the location's one spelling (``engine.object_store.canonical_table``, the lease
+    key's too), so every spelling of one table (``hdfs://NameNode/t``, ``hdfs://namenode:8020/t/``,
+    ``/lake//t/``) is one dataset, as it is one lease key: ``file`` and the path, or
+    ``scheme://authority`` and the key path."""
     from airflow_delta_occ.engine.errors import UnsupportedStorageError
-    from airflow_delta_occ.engine.object_store import canonical_location
+    from airflow_delta_occ.engine.object_store import canonical_table
 
     try:
-        canonical = canonical_location(location)
+        canonical = canonical_table(location)
     except UnsupportedStorageError as exc:
         raise ProviderConfigError(f"table location cannot be named for OpenLineage: {exc}") from exc
     scheme, _, rest = canonical.partition("://")
+    if scheme == "file":
+        return DatasetName("file", rest.rstrip("/") or "/")
     authority, _, name = rest.partition("/")
     if not authority:
         raise ProviderConfigError(f"table location {canonical!r} has no bucket/container/host")

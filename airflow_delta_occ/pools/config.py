@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 import os
-import posixpath
 import re
 import reprlib
 import tomllib
@@ -34,7 +33,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Literal
 
 from airflow_delta_occ.engine.errors import UnsupportedStorageError
-from airflow_delta_occ.engine.object_store import canonical_location, redact_uri
+from airflow_delta_occ.engine.object_store import URI_SCHEME, canonical_table
 from airflow_delta_occ.exceptions import PoolConfigError
 
 if TYPE_CHECKING:
@@ -58,7 +57,6 @@ _AIRFLOW_POOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,256}")  # stats-safe characte
 _POOL_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smh])\s*", re.IGNORECASE)
 _UNIT_SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0}
-_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):(.*)", re.DOTALL)  # two letters at least: never a drive letter
 _NOT_IN_NAME_PART = frozenset(".`/:")
 
 TableKind = Literal["location", "catalog"]
@@ -70,18 +68,17 @@ def normalize_table(table: str) -> str:
     """The one spelling of a table location or catalog name that patterns are matched against.
 
     This is the lease key: one physical table must have one, or two conflicting writers spelling it
-    differently would both be granted. Locations: ``engine.object_store.canonical_location`` (the
-    scheme lower-cased and one per store, ``s3a``/``s3n`` as ``s3`` and ``abfs`` as ``abfss``; the
-    host, bucket, account and container lower-cased; default ports left off, HDFS's written out;
-    duplicate and trailing slashes removed; the path's case kept); a local path or ``file:`` URI
-    becomes ``file:///abs/path`` with ``.`` and ``..`` resolved lexically (the filesystem is never
-    read: the scheduler may not see the writer's disks). Catalog names: backticks around parts
-    removed, lower-cased (Spark catalogs ignore case). Patterns go through the same function, so
-    wildcards are kept as written.
+    differently would both be granted. Locations (paths and URIs): ``engine.object_store.canonical_table``,
+    the spelling OpenLineage's dataset names use too (the scheme lower-cased and one per store; host,
+    bucket, account and container lower-cased; default ports left off, HDFS's written out; doubled and
+    trailing slashes removed; the path's case kept; a local path or ``file:`` URI as
+    ``file:///abs/path``, resolved lexically: the filesystem is never read). Catalog names: backticks
+    around parts removed, lower-cased (Spark catalogs ignore case). Patterns go through the same
+    function, so wildcards are kept as written.
 
     Raises:
         ValueError: empty, a relative path (whose meaning depends on the writer's working directory),
-            a ``file:`` URI on another host, a URI ``canonical_location`` refuses (user info, a bad
+            a ``file:`` URI on another host, a URI ``canonical_table`` refuses (user info, a bad
             port, ``#``, ``%``, ``.`` segments), or a name part that is empty or holds ``.``, a
             backtick, ``/``, ``:`` or whitespace.
     """
@@ -92,41 +89,17 @@ def normalize_table(table: str) -> str:
         raise ValueError("empty table identifier")
     if text.startswith("`"):
         return _normalize_name(text)
-    uri = _SCHEME.fullmatch(text)
-    if uri is not None:
-        return _normalize_uri(uri.group(1).lower(), uri.group(2), text)
-    if text.startswith("/"):
-        return _file_uri(text)
-    if "/" in text:
-        raise ValueError(f"{text!r} is a relative path; give an absolute path or a URI")
+    if URI_SCHEME.fullmatch(text) is not None or "/" in text:
+        try:
+            return canonical_table(text)
+        except UnsupportedStorageError as exc:
+            raise ValueError(str(exc)) from exc
     return _normalize_name(text)
 
 
 def table_kind(normalized: str) -> TableKind:
     """``location`` or ``catalog`` for a normalized identifier (locations always carry ``://``)."""
     return "location" if "://" in normalized else "catalog"
-
-
-def _normalize_uri(scheme: str, rest: str, text: str) -> str:
-    if scheme != "file":
-        try:
-            return canonical_location(text)
-        except UnsupportedStorageError as exc:
-            raise ValueError(str(exc)) from exc
-    path = rest
-    if rest.startswith("//"):
-        host, _, local = rest[2:].partition("/")
-        if host.lower() not in ("", "localhost"):
-            raise ValueError(f"{redact_uri(text)!r} is a file: URI on another host (or with user info); only local "
-                             "file: URIs are tables")
-        path = "/" + local
-    if not path.startswith("/"):
-        raise ValueError(f"{redact_uri(text)!r} is a relative path; give an absolute path or a URI")
-    return _file_uri(path)
-
-
-def _file_uri(path: str) -> str:
-    return "file://" + posixpath.normpath(re.sub(r"/+", "/", path))
 
 
 def _normalize_name(text: str) -> str:

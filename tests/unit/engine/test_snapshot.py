@@ -198,7 +198,7 @@ def test_absurd_checkpoint_part_counts_cost_only_the_files_listed(table):
             fh.write(b"junk, not Parquet")
     started = time.monotonic()
     snap = DeltaLog.for_table(table.root).snapshot()
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 60  # only "did not hang": ten billion declared parts are not walked
     assert snap.version == 9 and _paths(snap) == expected
     with pytest.raises(VersionNotFoundError, match="9999999999 parts"):
         DeltaLog.for_table(table.root).snapshot(0)

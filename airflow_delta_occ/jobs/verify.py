@@ -25,17 +25,22 @@ cannot be read from the log; where the counts are unknown the files are not judg
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from airflow_delta_occ.engine.actions import AddFile, RemoveFile
+from airflow_delta_occ.engine.actions import AddFile, Metadata, RemoveFile
 from airflow_delta_occ.engine.conflicts import PartitionSchema
 from airflow_delta_occ.engine.expressions import Expr
 from airflow_delta_occ.engine.planner import Footprint
 from airflow_delta_occ.engine.predicates import file_may_match
+from airflow_delta_occ.engine.schema import StructType
 from airflow_delta_occ.engine.snapshot import Commit, Snapshot
+from airflow_delta_occ.engine.sql_parser import to_sql
+from airflow_delta_occ.exceptions import CommitNotConfirmedError, CommitOutsidePartitionsError
 
 from .footprint import ReadPlan
 from .spec import JobSpec
+from .sql import target_sql
 
 
 @dataclass(frozen=True)
@@ -132,3 +137,63 @@ def _inside(schema: PartitionSchema, raw: dict[str, str | None], bounds: list[Ex
     if typed is None:
         return True  # a value the engine cannot read: not proof of an escape
     return all(bound is None or file_may_match(bound, typed, None) for bound in bounds)
+
+
+@dataclass(frozen=True)
+class ConfirmedCommit:
+    """The job's commit, found in the log and judged: its version, Delta's name of it, and the schema
+    the table had after it (``None`` when the commits read do not show it: an earlier try committed
+    before the snapshot the job was prepared at)."""
+
+    version: int
+    operation: str | None = None
+    schema: StructType | None = None
+
+
+def confirm_commit(spec: JobSpec, plan: ReadPlan, snapshot: Snapshot, commits: Sequence[Commit],
+                   version: int, location: str) -> ConfirmedCommit:
+    """Judge the commits after ``snapshot`` (or after ``version - 1``, if earlier) for the run's commit
+    ``version``: it must be there, tagged with this series of tries, and every commit in the run's name
+    (the job's, and Delta's auto-compaction after it, which carries its userMetadata) must stay in the
+    partitions it was planned for.
+
+    Raises:
+        CommitNotConfirmedError: no commit ``version`` tagged with the run.
+        CommitOutsidePartitionsError: a commit of the run changed files outside its partitions.
+    """
+    ours = [c for c in commits if spec.run.tagged(c.commit_info.user_metadata if c.commit_info else None)]
+    if version not in {c.version for c in ours}:
+        raise CommitNotConfirmedError(f"version {version} of {location} is not tagged with run {spec.run.app_id}")
+    for commit in ours:
+        outside = escapes(spec, plan, snapshot, commit)
+        if outside:
+            raise escaped_error(spec, plan, commit.version, outside)
+    if version <= snapshot.version:
+        return ConfirmedCommit(version)
+    schema, operation = snapshot.schema, None
+    for commit in commits:
+        if commit.version > version:
+            break
+        for action in commit.actions:
+            if isinstance(action, Metadata):
+                schema = action.schema
+        if commit.version == version and commit.commit_info is not None:
+            operation = commit.commit_info.operation
+    return ConfirmedCommit(version, operation, schema)
+
+
+def escaped_error(spec: JobSpec, plan: ReadPlan, version: int, outside: Sequence[Escape]
+                  ) -> CommitOutsidePartitionsError:
+    """The data-safety error of a commit that touched files outside its plan: what, where, and how to undo it."""
+    partitions = tuple(dict(p) for p in {tuple(e.partition.items()): e.partition for e in outside}.values())
+    shown = "; ".join(", ".join(f"{k}={v}" for k, v in p.items()) for p in partitions[:10])
+    changes = ", ".join(f"{sum(e.change == c for e in outside)} file(s) {c}" for c in ("removed", "added")
+                        if any(e.change == c for e in outside))
+    restore = f"RESTORE TABLE {target_sql(spec)} TO VERSION AS OF {version - 1}"
+    planned = spec.partition_filter_sql or (to_sql(plan.read_predicate) if plan.read_predicate is not None
+                                            else "nothing")
+    message = (f"DATA SAFETY: version {version} of {spec.target.label}, committed by this task, changed files "
+               f"outside the partitions it was planned for ({planned}): {changes} in partition(s) {shown}. The "
+               f"task fails instead of reporting success. To undo the commit run `{restore}` (it also undoes any "
+               f"commit after version {version}; check DESCRIBE HISTORY first).")
+    return CommitOutsidePartitionsError(message, version=version, partitions=partitions, restore=restore)

@@ -20,7 +20,6 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_delta_occ import config
-from airflow_delta_occ.engine.sql_parser import to_sql
 from airflow_delta_occ.exceptions import (
     CommitNotConfirmedError,
     CommitOutsidePartitionsError,
@@ -56,7 +55,6 @@ from airflow_delta_occ.jobs.checks import check_clauses, check_one_source, check
 from airflow_delta_occ.jobs.partitions import parse_expression, partitions_mapping
 from airflow_delta_occ.jobs.result import JobLease, JobResult
 from airflow_delta_occ.jobs.spec import JobSpec, RunIdentity, TableRef
-from airflow_delta_occ.jobs.sql import target_sql
 from airflow_delta_occ.jobs.text import refuse_substitution
 from airflow_delta_occ.operators.lineage import DeltaJobLineage, lineage_of, operator_lineage, schema_columns
 from airflow_delta_occ.operators.links import SparkUILink
@@ -69,10 +67,9 @@ if TYPE_CHECKING:  # the engine loads pyarrow: imported when a table is read, no
     import jinja2
     from airflow.sdk import Context
 
-    from airflow_delta_occ.engine import Commit, Snapshot
+    from airflow_delta_occ.engine import Snapshot
     from airflow_delta_occ.engine.planner import Footprint
     from airflow_delta_occ.jobs.footprint import ReadPlan
-    from airflow_delta_occ.jobs.verify import Escape
     from airflow_delta_occ.pools.config import Pool
     from airflow_delta_occ.pools.leases.base import LeaseStore
 
@@ -542,10 +539,12 @@ class DeltaBaseOperator(BaseOperator):
     def confirm(self, prepared: PreparedJob, result: JobResult) -> JobResult:
         """Check the Delta log itself for this run's commit: Spark's word alone is not proof.
 
-        Reads only the commits after the snapshot the job was prepared at.
+        Reads only the commits after the snapshot the job was prepared at, and judges them with
+        ``jobs.verify.confirm_commit``.
 
         Raises:
             CommitNotConfirmedError: Spark reported a commit the log does not show for this run.
+            CommitOutsidePartitionsError: a commit of the run changed files outside its partitions.
         """
         from airflow_delta_occ.engine import DeltaLog
 
@@ -556,60 +555,20 @@ class DeltaBaseOperator(BaseOperator):
             # DML or OPTIMIZE that matched nothing: Delta commits nothing, which is a success.
             self.log.info("nothing matched: no new version of %s", prepared.location)
             return result
+        from airflow_delta_occ.jobs.verify import confirm_commit
+
         log = DeltaLog.for_table(prepared.location, credentials=self.hook.credentials_for(prepared.location))
         after = min(prepared.snapshot.version, result.version - 1)  # an earlier try may have committed it
-        # Every commit tagged with this run: the job's, and any Delta made in its name after it
-        # (auto-compaction carries the job's userMetadata). Each must stay in the partitions.
-        commits = log.commits_after(after)
-        ours = [c for c in commits if spec.run.tagged(c.commit_info.user_metadata if c.commit_info else None)]
-        if result.version not in {c.version for c in ours}:
-            raise CommitNotConfirmedError(f"version {result.version} of {prepared.location} is not tagged with run "
-                                          f"{spec.run.app_id}")
-        from airflow_delta_occ.jobs.verify import escapes
-
-        for commit in ours:
-            outside = escapes(spec, prepared.read_plan, prepared.snapshot, commit)
-            if outside:
-                raise self._escaped(prepared, commit.version, outside)
-        self._note_commit(prepared, commits, result.version)
+        try:
+            commit = confirm_commit(spec, prepared.read_plan, prepared.snapshot, log.commits_after(after),
+                                    result.version, prepared.location)
+        except CommitOutsidePartitionsError as exc:
+            self.log.error("%s", exc)   # where users look, before the task fails
+            raise
+        if self._lineage is not None and commit.schema is not None:  # lineage need not read the log again
+            self._lineage = replace(self._lineage, columns=schema_columns(commit.schema),
+                                    commit_operation=commit.operation)
         return replace(result, confirmed=True)
-
-    def _note_commit(self, prepared: PreparedJob, commits: Sequence[Commit], version: int) -> None:
-        """Keep for lineage what the commits ``confirm`` read say of ``version``: Delta's name of its commit
-        and the schema it left (a MERGE may evolve it), so lineage need not read the log again. A
-        version an earlier try committed (before the prepared snapshot) is read by lineage itself."""
-        from airflow_delta_occ.engine.actions import Metadata
-
-        if self._lineage is None or version <= prepared.snapshot.version:
-            return
-        schema, operation = prepared.snapshot.schema, None
-        for commit in commits:
-            if commit.version > version:
-                break
-            for action in commit.actions:
-                if isinstance(action, Metadata):
-                    schema = action.schema
-            if commit.version == version and commit.commit_info is not None:
-                operation = commit.commit_info.operation
-        self._lineage = replace(self._lineage, columns=schema_columns(schema), commit_operation=operation)
-
-    def _escaped(self, prepared: PreparedJob, version: int, outside: tuple[Escape, ...]
-                 ) -> CommitOutsidePartitionsError:
-        """The data-safety error of a commit that touched files outside its plan, logged where users look."""
-        spec = prepared.spec
-        partitions = tuple(dict(p) for p in {tuple(e.partition.items()): e.partition for e in outside}.values())
-        shown = "; ".join(", ".join(f"{k}={v}" for k, v in p.items()) for p in partitions[:10])
-        changes = ", ".join(f"{sum(e.change == c for e in outside)} file(s) {c}" for c in ("removed", "added")
-                            if any(e.change == c for e in outside))
-        restore = f"RESTORE TABLE {target_sql(spec)} TO VERSION AS OF {version - 1}"
-        planned = spec.partition_filter_sql or (to_sql(prepared.read_plan.read_predicate)
-                                                if prepared.read_plan.read_predicate is not None else "nothing")
-        message = (f"DATA SAFETY: version {version} of {spec.target.label}, committed by this task, changed files "
-                   f"outside the partitions it was planned for ({planned}): {changes} in partition(s) {shown}. The "
-                   f"task fails instead of reporting success. To undo the commit run `{restore}` (it also undoes any "
-                   f"commit after version {version}; check DESCRIBE HISTORY first).")
-        self.log.error("%s", message)
-        return CommitOutsidePartitionsError(message, version=version, partitions=partitions, restore=restore)
 
 
 def _check_retry_policy(where: str, policy: Any) -> None:

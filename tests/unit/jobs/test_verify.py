@@ -97,3 +97,35 @@ def test_an_escaped_commit_is_never_retried_at_the_task_level() -> None:
 
     decision = DeltaConflictRetryPolicy("delete").evaluate(CommitOutsidePartitionsError("escaped"), 1, 3)
     assert decision.action is RetryAction.FAIL
+
+
+def test_confirm_commit_finds_the_runs_commit_its_name_and_the_schema_it_left(tmp_path: Path) -> None:
+    """The operator's confirmation, on a log written by hand: an untagged version is not confirmed, a
+    tagged one gives Delta's name of it and the schema after it (what lineage reports, read once)."""
+    from airflow_delta_occ.exceptions import CommitNotConfirmedError, CommitOutsidePartitionsError
+    from airflow_delta_occ.jobs.footprint import read_plan_of
+    from airflow_delta_occ.jobs.verify import confirm_commit
+
+    from ..engine.logbuilder import SCHEMA
+
+    b = LogBuilder(tmp_path / "t")
+    b.commit(commit_info("CREATE TABLE"), protocol(), metadata())
+    b.commit(commit_info(), add("de.parquet", DE, stats={"numRecords": 2}), add("fr.parquet", FR))
+    log = DeltaLog.for_table(b.root)
+    snapshot = log.snapshot()
+    spec = delete_de().build_spec(snapshot, RUN)
+    plan = read_plan_of(spec, snapshot)
+    b.commit(commit_info("DELETE"), remove("de.parquet"))                       # v2: someone else's
+    evolved = {**SCHEMA, "fields": [*SCHEMA["fields"], {"name": "extra", "type": "long", "nullable": True,
+                                                        "metadata": {}}]}
+    b.commit(commit_info("MERGE", userMetadata=RUN.user_metadata()), metadata(schema=evolved),
+             remove("de.parquet"))                                              # v3: the run's
+    commits = log.commits_after(snapshot.version)
+    with pytest.raises(CommitNotConfirmedError, match=r"version 2 .* not tagged"):
+        confirm_commit(spec, plan, snapshot, commits, 2, b.root)
+    confirmed = confirm_commit(spec, plan, snapshot, commits, 3, b.root)
+    assert (confirmed.version, confirmed.operation) == (3, "MERGE")
+    assert confirmed.schema is not None and confirmed.schema.find("extra") is not None
+    b.commit(commit_info("OPTIMIZE", userMetadata=RUN.user_metadata()), remove("fr.parquet"))  # v4: in the run's name
+    with pytest.raises(CommitOutsidePartitionsError, match=r"RESTORE TABLE .* TO VERSION AS OF 3"):
+        confirm_commit(spec, plan, snapshot, log.commits_after(snapshot.version), 3, b.root)

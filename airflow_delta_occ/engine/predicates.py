@@ -697,8 +697,11 @@ def evaluate_row(expr: Expr, row: Mapping[str, Any]) -> bool | None:
         return None if value is None else bool(value)
     if isinstance(expr, Comparison):
         return _compare_values(expr.op, _value(expr.left, row), _value(expr.right, row))
-    if isinstance(expr, In):
-        return evaluate_row(_in_as_or(expr), row)
+    if isinstance(expr, In):  # the OR of its equalities, folded in a loop (a long list is no deep tree)
+        result: bool | None = False
+        for option in expr.options:
+            result = _or(result, evaluate_row(Comparison("=", expr.value, option), row))
+        return (None if result is None else not result) if expr.negated else result
     if isinstance(expr, IsNull):
         is_null = _value(expr.value, row) is None
         return not is_null if expr.negated else is_null
@@ -813,8 +816,14 @@ def _possible(expr: Expr, pv: Mapping[str, Any], stats: FileStats | None) -> fro
         return _ALL
     if isinstance(expr, Comparison):
         return _possible_comparison(expr, pv, stats)
-    if isinstance(expr, In):
-        return _possible(_in_as_or(expr), pv, stats)
+    if isinstance(expr, In):  # the OR of its equalities, folded in a loop (a long list is no deep tree)
+        possible: frozenset[bool | None] | None = None
+        for option in expr.options:
+            equal = _possible(Comparison("=", expr.value, option), pv, stats)
+            possible = equal if possible is None else frozenset(_or(a, b) for a in possible for b in equal)
+        if possible is None:
+            possible = frozenset({False})
+        return frozenset(None if v is None else not v for v in possible) if expr.negated else possible
     if isinstance(expr, IsNull):
         return _possible_is_null(expr, pv, stats)
     if isinstance(expr, And | Or):

@@ -95,6 +95,10 @@ MAX_DEPTH = 256
 """Deepest expression tree accepted (a chain of N ANDs is N levels)."""
 MAX_LENGTH = 100_000
 """Longest expression text accepted (an IN list of thousands of values fits)."""
+MAX_RENDERED_LENGTH = 2_000_000
+"""Longest text accepted when it is a rendering of a tree already in memory (``parse_predicate``'s
+``max_length``): a partition filter of ``partitions=``'s 10,000 values, or a source check that repeats
+it for each way a MERGE writes rows, is longer than any condition an author types."""
 
 
 @dataclass(frozen=True)
@@ -755,8 +759,9 @@ class _Parser:
         return Column(".".join(names[1:]), qualifier=names[0])
 
 
-def parse_predicate(text: str) -> Expr:
-    """Parse condition or expression text completely into an (unbound) expression.
+def parse_predicate(text: str, *, max_length: int = MAX_LENGTH) -> Expr:
+    """Parse condition or expression text completely into an (unbound) expression; text longer than
+    ``max_length`` is refused.
 
     Raises:
         PredicateSyntaxError: the text is not an expression of the supported grammar, or is nested
@@ -765,8 +770,8 @@ def parse_predicate(text: str) -> Expr:
     """
     if not isinstance(text, str):
         raise TypeError(f"predicate must be a string, got {type(text).__name__}")
-    if len(text) > MAX_LENGTH:
-        raise PredicateSyntaxError(f"expression is {len(text)} characters long; at most {MAX_LENGTH} are accepted",
+    if len(text) > max_length:
+        raise PredicateSyntaxError(f"expression is {len(text)} characters long; at most {max_length} are accepted",
                                    text=text[:80], position=0)
     return _Parser(text).parse()
 

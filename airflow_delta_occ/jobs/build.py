@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_delta_occ.engine.constraints import confining_conjuncts
 from airflow_delta_occ.engine.expressions import Column, is_deterministic
-from airflow_delta_occ.engine.sql_parser import parse_predicate, to_sql
+from airflow_delta_occ.engine.sql_parser import MAX_RENDERED_LENGTH, parse_predicate, to_sql
 from airflow_delta_occ.exceptions import JobSpecError, MissingPartitionConstraintError
 
 from .checks import (
@@ -66,9 +66,25 @@ class TargetArguments:
 
 
 @dataclass(frozen=True)
+class SourceArguments:
+    """Where a job reads its rows, as the operator's three exclusive arguments say (checked when the
+    spec is built, after the target's own checks, as the operators always did)."""
+
+    path: str | None = None
+    table: str | None = None
+    query: str | None = None
+    format: str = "delta"
+
+    def ref(self) -> SourceRef:
+        """Raises ``JobSpecError``: not exactly one of them, or a query that is not a query."""
+        check_one_source("the job", self.path, self.table, self.query)
+        return SourceRef(path=self.path, table=self.table, query=self.query, format=self.format)
+
+
+@dataclass(frozen=True)
 class MergeArguments:
     merge_condition: str
-    source: SourceRef
+    source: SourceArguments
     clauses: Sequence[Mapping[str, Any]]
     target_alias: str = "t"
     source_alias: str = "s"
@@ -92,27 +108,16 @@ class OptimizeArguments:
 
 @dataclass(frozen=True)
 class AppendArguments:
-    source: SourceRef
+    source: SourceArguments
 
 
 @dataclass(frozen=True)
 class OverwritePartitionsArguments:
-    source: SourceRef
+    source: SourceArguments
 
 
 OperationArguments = (MergeArguments | UpdateArguments | DeleteArguments | OptimizeArguments | AppendArguments
                       | OverwritePartitionsArguments)
-
-
-def source_ref(source: str | None, source_table: str | None, source_query: str | None, source_format: str
-               ) -> SourceRef:
-    """The job's source from the operator's three exclusive arguments.
-
-    Raises:
-        JobSpecError: not exactly one of them, or a query that is not a query.
-    """
-    check_one_source("the job", source, source_table, source_query)
-    return SourceRef(path=source, table=source_table, query=source_query, format=source_format)
 
 
 def build_spec(target: TargetArguments, arguments: OperationArguments, snapshot: Snapshot, run: RunIdentity,
@@ -212,7 +217,7 @@ def _merge(build: _Build, args: MergeArguments) -> JobSpec:
         raise MissingPartitionConstraintError(
             "strict_partitions needs partitions= on a MERGE: only then are its NOT MATCHED BY SOURCE clauses and "
             "its source rows confined too, not just its ON condition")
-    return JobSpec(operation=JobOperation.MERGE, **build.common(pfilter), source=args.source, condition=condition,
+    return JobSpec(operation=JobOperation.MERGE, **build.common(pfilter), source=args.source.ref(), condition=condition,
                    clauses=tuple(clauses), target_alias=args.target_alias, source_alias=args.source_alias,
                    **source_check(pfilter, writes))
 
@@ -266,7 +271,7 @@ def _append(build: _Build, args: AppendArguments) -> JobSpec:
         raise MissingPartitionConstraintError(
             f"strict_partitions needs partitions= on an append to {build.target.table.label}: only then are "
             "its rows checked to land in the partitions it names")
-    return JobSpec(operation=JobOperation.APPEND, **build.common(pfilter), source=args.source,
+    return JobSpec(operation=JobOperation.APPEND, **build.common(pfilter), source=args.source.ref(),
                    **source_check(pfilter, [{c: Column(c, "s") for c in pfilter.columns}]))
 
 
@@ -275,7 +280,7 @@ def _overwrite_partitions(build: _Build, args: OverwritePartitionsArguments) -> 
     if not pfilter:
         raise JobSpecError("DeltaOverwritePartitionsOperator needs partitions= (it must not replace everything)")
     return JobSpec(operation=JobOperation.OVERWRITE_PARTITIONS, **build.common(pfilter), condition=pfilter.to_expr(),
-                   **source_check(pfilter, [{c: Column(c, "s") for c in pfilter.columns}]), source=args.source)
+                   **source_check(pfilter, [{c: Column(c, "s") for c in pfilter.columns}]), source=args.source.ref())
 
 
 def source_check(pfilter: PartitionFilter, writes: Sequence[Mapping[str, Expr]]) -> dict[str, Any]:
@@ -292,7 +297,8 @@ def source_check(pfilter: PartitionFilter, writes: Sequence[Mapping[str, Expr]])
                     for c, value in write.items()}
         checks.append(pfilter.over(typed_operands(operands, pfilter), operands))
     # TRY_CAST is outside the expression model: the check is parsed once here, from provider-made text.
-    check = canonical_tree(parse_predicate(conjoin(*dict.fromkeys(checks)) or ""), "the source check")
+    text = conjoin(*dict.fromkeys(checks)) or ""
+    check = canonical_tree(parse_predicate(text, max_length=MAX_RENDERED_LENGTH), "the source check")
     return {"source_check": check, "source_values": dict(writes[0])}
 
 

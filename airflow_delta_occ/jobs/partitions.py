@@ -22,7 +22,13 @@ from typing import Any
 from airflow_delta_occ.engine.errors import InvalidLiteralError, PredicateError
 from airflow_delta_occ.engine.expressions import Expr, and_
 from airflow_delta_occ.engine.schema import DataType, StructType
-from airflow_delta_occ.engine.sql_parser import parse_predicate, render_identifier, render_literal, to_sql
+from airflow_delta_occ.engine.sql_parser import (
+    MAX_RENDERED_LENGTH,
+    parse_predicate,
+    render_identifier,
+    render_literal,
+    to_sql,
+)
 from airflow_delta_occ.engine.values import coerce_literal, format_partition_value
 from airflow_delta_occ.exceptions import JobSpecError, PartitionSpecError, UnsafeExpressionError
 
@@ -84,7 +90,7 @@ class PartitionFilter:
     def to_expr(self, alias: str | None = None) -> Expr | None:
         """The filter as a parse tree (``None`` when unconstrained); it renders back to ``to_sql``."""
         text = self.to_sql(alias)
-        return canonical_tree(parse_predicate(text), "partitions") if text else None
+        return canonical_tree(parse_predicate(text, max_length=MAX_RENDERED_LENGTH), "partitions") if text else None
 
     def serialized(self) -> dict[str, tuple[str | None, ...]]:
         """The values as Delta serializes partition values (``None``: NULL), for ``JobSpec.partitions``."""
@@ -236,7 +242,7 @@ def canonical_tree(tree: Expr, what: str) -> Expr:
     """
     try:
         text = to_sql(tree)
-        reparsed = parse_predicate(text)
+        reparsed = parse_predicate(text, max_length=MAX_RENDERED_LENGTH)
         same = to_sql(reparsed) == text
     except (PredicateError, RecursionError, ValueError) as exc:
         raise JobSpecError(f"{what} does not render to SQL that parses back: {exc}") from exc

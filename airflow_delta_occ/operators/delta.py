@@ -46,10 +46,10 @@ from airflow_delta_occ.jobs.build import (
     OperationArguments,
     OptimizeArguments,
     OverwritePartitionsArguments,
+    SourceArguments,
     TargetArguments,
     UpdateArguments,
     build_spec,
-    source_ref,
 )
 from airflow_delta_occ.jobs.checks import check_clauses, check_one_source, check_sql_text, sql_file, templated
 from airflow_delta_occ.jobs.partitions import parse_expression, partitions_mapping
@@ -628,9 +628,9 @@ class DeltaMergeOperator(DeltaBaseOperator):
         self.target_alias, self.source_alias = target_alias, source_alias
 
     def arguments(self) -> MergeArguments:
-        return MergeArguments(merge_condition=self.merge_condition,
-                              source=source_ref(self.source, self.source_table, self.source_query, self.source_format),
-                              clauses=self.clauses, target_alias=self.target_alias, source_alias=self.source_alias)
+        source = SourceArguments(self.source, self.source_table, self.source_query, self.source_format)
+        return MergeArguments(merge_condition=self.merge_condition, source=source, clauses=self.clauses,
+                              target_alias=self.target_alias, source_alias=self.source_alias)
 
 
 class DeltaUpdateOperator(DeltaBaseOperator):
@@ -709,7 +709,7 @@ class DeltaAppendOperator(DeltaBaseOperator):
 
     def arguments(self) -> AppendArguments | OverwritePartitionsArguments:
         return AppendArguments(
-            source=source_ref(self.source, self.source_table, self.source_query, self.source_format))
+            source=SourceArguments(self.source, self.source_table, self.source_query, self.source_format))
 
 
 class DeltaOverwritePartitionsOperator(DeltaAppendOperator):
@@ -724,4 +724,4 @@ class DeltaOverwritePartitionsOperator(DeltaAppendOperator):
 
     def arguments(self) -> OverwritePartitionsArguments:
         return OverwritePartitionsArguments(
-            source=source_ref(self.source, self.source_table, self.source_query, self.source_format))
+            source=SourceArguments(self.source, self.source_table, self.source_query, self.source_format))

@@ -240,17 +240,24 @@ def wait_in_worker(store: LeaseStore, request: LeaseRequest, state: LeaseState, 
 
 def cancel_requests(store: LeaseStore, owner: str, request_ids: Iterable[str], *, table: str | None,
                     log: Log) -> set[str]:
-    """Release ``request_ids`` and every other live request of ``owner`` (one task try) on ``table``, so a
-    holder that stops waiting keeps no place in line; the ids released. Each failed release is logged
-    (the request is then abandoned after its TTL); a store that cannot list its records raises.
+    """Release ``request_ids``, then every other live request of ``owner`` (one task try) on ``table``, so
+    a holder that stops waiting keeps no place in line; the ids released.
 
-    Raises:
-        LeaseError: the store's records cannot be read.
+    Never raises: it runs where another error is already on its way (a kill, a timeout, a store that
+    kept failing). The requests it knows are released first, so a store that cannot list its records
+    still loses them; each failure is logged, and what was not released is abandoned after its TTL.
     """
-    ids = {i for i in request_ids if i}
-    if table is not None:
-        ids |= {r.request_id for r in store.records(table=table) if r.owner == owner}
-    return {i for i in sorted(ids) if release_quietly(store, i, owner, log)}
+    known = sorted({i for i in request_ids if i})
+    released = {i for i in known if release_quietly(store, i, owner, log)}
+    if table is None:
+        return released
+    try:
+        others = sorted({r.request_id for r in store.records(table=table) if r.owner == owner} - set(known))
+    except LeaseError as exc:
+        log.error("could not list the lease requests of %s on %s to cancel them (they are abandoned after their "
+                  "TTL): %s", owner, table, exc)
+        return released
+    return released | {i for i in others if release_quietly(store, i, owner, log)}
 
 
 # -- holding the lease while a job runs -------------------------------------------------------------

@@ -393,7 +393,7 @@ def plan_footprint(
     op = Operation(operation)
     schema = PartitionSchema.of(snapshot.metadata)
     expr = snapshot.bind(predicate, target_alias=target_alias) if predicate is not None else None
-    partition_part = and_(*partition_conjuncts(expr, snapshot.partition_columns)) if expr is not None else TRUE
+    partition_part = _partition_part(expr, snapshot)
     reads = _reads(op)
     files = (snapshot.files_matching(expr) if expr is not None else snapshot.files()) if reads else []
     selected = {f.path: f.partition_values for f in files}
@@ -421,7 +421,7 @@ def plan_footprint(
     return Footprint(
         operation=op,
         label=label or op.value,
-        read_predicate=(TRUE if reads_whole_table else partition_part) if reads else None,
+        read_predicate=_read_predicate(op, partition_part, reads_whole_table),
         read_whole_table=reads_whole_table and reads,
         read_files=read_files,
         removes=removes,
@@ -446,9 +446,19 @@ def planned_read(snapshot: Snapshot, operation: Operation | str, predicate: str 
     if not _reads(op):
         return None
     expr = snapshot.bind(predicate, target_alias=target_alias) if predicate is not None else None
-    if reads_whole_table or expr is None:
-        return TRUE
-    return and_(*partition_conjuncts(expr, snapshot.partition_columns))
+    return _read_predicate(op, _partition_part(expr, snapshot), reads_whole_table)
+
+
+def _partition_part(expr: Expr | None, snapshot: Snapshot) -> Expr:
+    """The top-level conjuncts of a bound predicate over partition columns (``TRUE`` without one)."""
+    return and_(*partition_conjuncts(expr, snapshot.partition_columns)) if expr is not None else TRUE
+
+
+def _read_predicate(op: Operation, partition_part: Expr, reads_whole_table: bool) -> Expr | None:
+    """What a job records as read: ``None`` for a blind write, ``TRUE`` for a whole-table read."""
+    if not _reads(op):
+        return None
+    return TRUE if reads_whole_table else partition_part
 
 
 def _reads(op: Operation) -> bool:

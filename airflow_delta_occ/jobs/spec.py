@@ -293,12 +293,12 @@ class JobSpec:
             d = json.loads(text)
             if not isinstance(d, dict):
                 raise TypeError("a JobSpec is a JSON object")
-            trees = {key: _tree(d.get(key), key) for key in ("condition", "partition_filter", "source_check")}
+            trees = {key: _tree(d.get(key)) for key in ("condition", "partition_filter", "source_check")}
             clauses = []
             for i, c in enumerate(d.get("clauses") or ()):
                 if not isinstance(c, dict) or set(c) - {"kind", "condition", "set"}:
                     raise TypeError(f"clauses[{i}] is not a merge clause")
-                condition = _tree(c.get("condition"), f"clauses[{i}].condition")
+                condition = _tree(c.get("condition"))
                 clauses.append(MergeClause(kind=c["kind"], condition=condition, set=_trees(c.get("set"),
                                                                                           f"clauses[{i}].set")))
             return cls(
@@ -332,7 +332,7 @@ def _trees_json(trees: Mapping[str, Expr]) -> dict[str, Any]:
     return {key: expr_to_json(tree) for key, tree in trees.items()}
 
 
-def _tree(data: object, what: str) -> Expr | None:
+def _tree(data: object) -> Expr | None:
     """A decoded tree (``__post_init__`` checks it is the tree of its own rendering)."""
     return expr_from_json(data) if data is not None else None
 

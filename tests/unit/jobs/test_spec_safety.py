@@ -76,3 +76,21 @@ def test_numbers_beyond_int_range_keep_working(table: tuple[str, Snapshot]) -> N
         spec = DeltaDeleteOperator(task_id="d", table=path, where=where, partitions=DE).build_spec(snap, RUN)
         assert JobSpec.from_json(spec.to_json()) == spec
         assert spec.condition_sql is not None and "L" in spec.condition_sql
+
+
+def test_a_decoded_source_check_or_source_value_cannot_carry_other_sql(table: tuple[str, Snapshot]) -> None:
+    """The source check and the values a source row writes go into the runner's SELECTs as rendered
+    trees: a tampered spec whose tree renders to other SQL (or to the substitution marker) is refused."""
+    from airflow_delta_occ.engine.expr_json import expr_to_json
+    from airflow_delta_occ.engine.expressions import Literal, Unknown
+
+    path, snap = table
+    base = spec_json(DeltaAppendOperator(task_id="a", table=path, source="/s", partitions=DE), snap)
+    assert JobSpec.from_json(json.dumps(base)).source_check is not None   # untampered, it decodes
+    for field, tree in (("source_check", expr_to_json(Unknown("1 = 1) OR (1 = 1"))),
+                        ("source_check", expr_to_json(Unknown("(SELECT 1) = 1"))),
+                        ("source_values", {"country": expr_to_json(Unknown("1) AS x FROM y --"))}),
+                        ("source_values", {"country": expr_to_json(Literal("${env:Q}"))})):
+        with pytest.raises(JobSpecError):
+            JobSpec.from_json(json.dumps({**base, field: tree}))
+            pytest.fail(f"tampered {field} accepted")

@@ -7,6 +7,7 @@ the option, wherever it is used.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import TYPE_CHECKING, Any, Literal
@@ -76,6 +77,55 @@ def task_retries() -> int:
         raise ProviderConfigError(f"[{SECTION}] task_retries is {text!r}; expected a whole number from 0 to "
                                   f"{MAX_TASK_RETRIES}")
     return int(text)
+
+
+MAX_WORKER_WAIT_SECONDS = 86_400.0
+
+
+def worker_wait() -> float:
+    """``[delta_occ] worker_wait``: the longest expected wait (seconds) a pooled task without
+    ``deferrable=`` spends in the worker before it defers (default 30; 0: always deferred).
+
+    Raises:
+        ProviderConfigError: not a number of seconds from 0 to a day.
+    """
+    from airflow_delta_occ.pools.holding import WORKER_WAIT_SECONDS
+
+    text = _get("worker_wait", str(WORKER_WAIT_SECONDS)).strip()
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value <= MAX_WORKER_WAIT_SECONDS:   # also refuses nan
+        raise ProviderConfigError(f"[{SECTION}] worker_wait is {text!r}; expected seconds from 0 to "
+                                  f"{MAX_WORKER_WAIT_SECONDS:.0f}")
+    return value
+
+
+def default_deferrable() -> bool | None:
+    """Airflow's ``[operators] default_deferrable`` when the user set it (environment or airflow.cfg), else
+    ``None``: the official providers' operators take it as their ``deferrable`` default, and a pooled
+    Delta task does too; left unset, the task waits adaptively (``pools.holding.WaitRule``).
+
+    Raises:
+        ProviderConfigError: set, but not a boolean.
+    """
+    import configparser
+
+    from airflow.sdk import conf
+
+    variable = "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE"
+    in_file = False
+    with contextlib.suppress(configparser.Error, TypeError):
+        in_file = configparser.RawConfigParser.has_option(conf, "operators", "default_deferrable")
+    if not in_file and not any(os.environ.get(variable + tail) for tail in ("", "_CMD", "_SECRET")):
+        return None
+    text = str(conf.get("operators", "default_deferrable", fallback="False")).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ProviderConfigError(f"[operators] default_deferrable is {text!r}; expected True or False")
 
 
 _TRUE = ("true", "t", "yes", "y", "on", "1")

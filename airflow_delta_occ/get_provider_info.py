@@ -101,6 +101,15 @@ def get_provider_info() -> dict[str, Any]:
                                         "default is 0."),
                         "version_added": "0.1.0", "type": "integer", "example": "3", "default": "2",
                     },
+                    "worker_wait": {
+                        "description": ("How a pooled Delta task waits for its lease when it sets no deferrable= "
+                                        "(and [operators] default_deferrable is not set): in the worker while "
+                                        "the expected wait is at most this many seconds (it sees its grant "
+                                        "within 50 ms and starts at once, holding its slot), deferred to the "
+                                        "triggerer when it is longer (no slot held; the hand-over takes "
+                                        "seconds). 0 = always deferred."),
+                        "version_added": "0.2.0", "type": "float", "example": "60", "default": "30",
+                    },
                     "pool_file": {
                         "description": ("Path of the TOML file that defines conflict pools (groups of Delta "
                                         "tables whose writers get leases so only non-conflicting ones run at "

@@ -175,6 +175,11 @@ class DeltaSparkHook(BaseHook):
         """
         return self.transport.get_spark()
 
+    def warm_up(self) -> None:
+        """Get ready to run a job soon (start the embedded JVM, load the Connect client), so a job that
+        waits for its lease starts its Spark work as soon as it is granted."""
+        self.transport.warm_up()
+
     def job_session(self) -> contextlib.AbstractContextManager[Any]:
         """The session one job runs in; a Connect session is private to the job and closed after it
         (see ``transports.connect.ConnectTransport.job_session``)."""

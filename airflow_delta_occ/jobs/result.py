@@ -105,7 +105,8 @@ class JobResult:
 
     ``version`` is the table version this task run committed (``None``: nothing committed, e.g. a
     DELETE that matched no row); ``already_committed`` says the commit was made by an earlier try of
-    the same run, so this try wrote nothing. ``confirmed`` and ``task_seconds`` are added by the
+    the same run, so this try wrote nothing. ``confirmed``, ``task_seconds`` and ``run_started_at``
+    (epoch seconds: when the job went to Spark, what a lease's hand-over is measured to) are added by the
     operator after it checked the Delta log, and ``lease`` when the job ran under a conflict pool's
     lease. ``to_dict`` is the task's XCom value; ``from_json`` reads it back, lease included.
     """
@@ -129,6 +130,7 @@ class JobResult:
     refused: Mapping[str, Any] = field(default_factory=dict)   # fields of a refusal (rows outside...)
     confirmed: bool = False
     task_seconds: float | None = None
+    run_started_at: float | None = None   # epoch seconds when the job went to Spark (added by the operator)
     spark_app_id: str | None = None   # the Spark application the job ran in (for the Spark UI link)
     spark_ui_url: str | None = None   # its driver's live UI, as the driver reports it (classic sessions)
     openlineage_parent: OpenLineageParent | None = None  # the parent job the job's Spark session held

@@ -28,6 +28,7 @@ from airflow_delta_occ.exceptions import (
     JobSpecError,
     LeaseLostError,
     LeaseStoreError,
+    PoolConfigError,
 )
 from airflow_delta_occ.hooks.delta import DeltaSparkHook
 from airflow_delta_occ.hooks.leases import (
@@ -113,12 +114,17 @@ class DeltaBaseOperator(BaseOperator):
     :param conflict_pool: a pool of the pool file (``[delta_occ] pool_file``): the job first takes a
         lease on its footprint from the pool's lease store, waiting in the triggerer while a
         conflicting job holds one, and the task runs in the pool's Airflow pool unless ``pool=`` is set.
-    :param deferrable: how a pooled task waits for its lease: ``True`` (default) defers to the
-        triggerer (no worker slot held while it waits; the hand-over then costs a trigger poll, the
-        scheduler and a new task process, seconds); ``False`` waits in the worker, polling the lease
-        store, and starts its job within a poll interval of the grant (it holds its slot meanwhile).
-    :param lease_poll_interval: seconds between polls of the lease store while waiting; default 2 s
-        deferred, 0.5 s in the worker.
+    :param deferrable: how a pooled task waits for its lease. ``None`` (default): Airflow's
+        ``[operators] default_deferrable`` when set, else adaptive: in the worker while the expected
+        wait is at most ``[delta_occ] worker_wait`` seconds (30), deferred when it is longer, and back
+        in a worker a few seconds before the grant is expected (a pool with ``max_writers`` always
+        defers). ``True`` always defers to the triggerer (no worker slot held while it waits; the
+        hand-over costs the trigger, the scheduler and a new task process, seconds); ``False`` always
+        waits in the worker, which sees its grant within 50 ms and starts its job at once (it holds
+        its slot meanwhile). See docs/conflict-pools.md, "Where a task waits".
+    :param lease_poll_interval: seconds between full polls of the lease store while waiting (each
+        is the request's heartbeat); default 2 s deferred, 0.5 s in the worker. A grant is noticed
+        sooner: the pool's revision is read every 50 ms in the worker, 0.25 s in the triggerer.
     :param lease_conn_id: the ``delta_occ_leases`` connection of the lease store.
     :param storage_conn_id: the connection with the credentials of the table's object store (types
         ``aws``, ``wasb``, ``adls``, ``google_cloud_platform``), used both to read the table's log
@@ -149,7 +155,8 @@ class DeltaBaseOperator(BaseOperator):
                  conflict_policies: Mapping[str, Any] | None = None,
                  delta_conn_id: str | None = DeltaSparkHook.default_conn_name,
                  spark_conf: Mapping[str, str] | None = None, idempotent: bool = True,
-                 conflict_pool: str | None = None, deferrable: bool = True, lease_poll_interval: float | None = None,
+                 conflict_pool: str | None = None, deferrable: bool | None = None,
+                 lease_poll_interval: float | None = None,
                  lease_conn_id: str = DeltaLeaseStoreHook.default_conn_name,
                  storage_conn_id: str | None = None, openlineage_inject_parent_job_info: bool | None = None,
                  openlineage_inject_transport_info: bool | None = None, **kwargs: Any) -> None:
@@ -179,8 +186,10 @@ class DeltaBaseOperator(BaseOperator):
         _default_retries(kwargs, kwargs.get("default_args"))
         holding.check_poll_interval(lease_poll_interval)
         route_to_airflow_pool(kwargs, kwargs.get("default_args"), conflict_pool)
+        if deferrable is not None and not isinstance(deferrable, bool):
+            raise PoolConfigError(f"deferrable must be True, False or None (adaptive), got {deferrable!r}")
         if conflict_pool is not None and (known := configured_pool(conflict_pool)) is not None:
-            holding.check_worker_wait(known, deferrable)
+            holding.WaitRule.of(deferrable, known, default_deferrable=config.default_deferrable())
         super().__init__(**kwargs)
         self.table = table
         self.table_name = table_name
@@ -299,12 +308,21 @@ class DeltaBaseOperator(BaseOperator):
 
     def _run_prepared(self, prepared: PreparedJob, started: float) -> JobResult:
         """Run the prepared job in Spark and confirm its commit."""
+        return self._finish(prepared, self._run_in_spark(prepared), started)
+
+    def _run_in_spark(self, prepared: PreparedJob) -> JobResult:
+        """Hand the prepared job to Spark; its result as the runner reported it (not yet confirmed)."""
         self.log.info("Delta %s on %s at version %s, condition: %s", prepared.spec.operation,
                       prepared.spec.target.label, prepared.snapshot.version, prepared.spec.condition)
+        run_started_at = time.time()
         try:
             result = self.hook.run(prepared.spec)
         except ConflictSkipped as exc:
             raise AirflowSkipException(str(exc)) from exc
+        return replace(result, run_started_at=round(run_started_at, 3))
+
+    def _finish(self, prepared: PreparedJob, result: JobResult, started: float) -> JobResult:
+        """Confirm the commit in the Delta log, record lineage and log the outcome."""
         result = self.confirm(prepared, result)
         result = replace(result, task_seconds=round(time.monotonic() - started, 3))  # with Spark start-up
         self.record_lineage(result)
@@ -320,6 +338,15 @@ class DeltaBaseOperator(BaseOperator):
         Raises:
             LeaseStoreError: the trigger reported an error (no usable store, the request unreadable).
         """
+        if event and event.get("status") == "near":
+            # The grant is expected within seconds: wait the rest here, with the job prepared and its
+            # session opening, so it starts as soon as the lease is granted (the request kept its place).
+            self.log.info("conflict pool %s: lease request %s expected to be granted in about %.1f s; waiting "
+                          "the rest in the worker", self.conflict_pool, event.get("request_id"),
+                          float(event.get("expected") or 0.0))
+            started = time.monotonic()
+            self._kill_requested = threading.Event()
+            return self._lease_and_run(context, self.prepare(context), started, came_back=True).to_dict()
         if not event or event.get("status") != "granted":
             message = (event or {}).get("message") or f"unexpected lease trigger event {event!r}"
             raise LeaseStoreError(f"conflict pool {self.conflict_pool!r}: waiting for a lease failed: {message}")
@@ -334,9 +361,12 @@ class DeltaBaseOperator(BaseOperator):
         finally:
             store.close()
 
-    def _lease_and_run(self, context: Any, prepared: PreparedJob, started: float) -> JobResult:
+    def _lease_and_run(self, context: Any, prepared: PreparedJob, started: float, *,
+                       came_back: bool = False) -> JobResult:
         """Ask the pool for a lease on ``prepared``'s footprint: run at once if granted, else wait for it
-        (deferred, or in the worker with ``deferrable=False``).
+        where the task's ``WaitRule`` says (in the worker, deferred, or adaptive: each in turn). A task
+        the trigger sent back (``came_back``: its grant is near) waits in the worker for up to
+        ``worker_wait`` seconds whatever the estimate says now, so the two never hand it back and forth.
 
         Raises:
             PoolConfigError: no pool file, no such pool, or the table is not in it.
@@ -344,7 +374,7 @@ class DeltaBaseOperator(BaseOperator):
             JobKilledError: the task was killed while it waited in the worker.
         """
         pool = required_pool(str(self.conflict_pool))
-        holding.check_worker_wait(pool, self.deferrable)
+        rule = self._wait_rule(pool)
         owner = lease_owner(context)
         request = holding.request_for(pool, table=pooled_table(pool, prepared.location), owner=owner,
                                       footprint=prepared.footprint, snapshot=prepared.snapshot)
@@ -353,22 +383,48 @@ class DeltaBaseOperator(BaseOperator):
             state = store.acquire(request)
             if state.granted:
                 lease = HeldLease(pool.name, state.request_id, owner, state.waited or 0.0, [])
+                if state.record is not None and (state.record.granted_at or 0.0) < state.checked_at:
+                    # granted before this call (while the task came back from the triggerer): renew first
+                    return self._run_granted(context, store, pool, lease, started)
                 return self._run_leased(store, pool, lease, prepared, started)
-            self.log.info("conflict pool %s: lease request %s on %s waits for %s", pool.name, state.request_id,
-                          request.table, holding.describe_wait(state))
-            if not self.deferrable:
-                state, waited_for = holding.wait_in_worker(store, request, state, self._poll_interval(), self.log,
-                                                           self._kill_requested)
-                lease = HeldLease(pool.name, state.request_id, owner, state.waited or 0.0, waited_for)
-                return self._run_granted(context, store, pool, lease, started)
+            self.log.info("conflict pool %s: lease request %s on %s waits for %s (waiting: %s)", pool.name,
+                          state.request_id, request.table, holding.describe_wait(state), rule.where.value)
+            if rule.where is not holding.WaitWhere.DEFERRED:
+                estimate = holding.WaitEstimate.read(store, request.table, self.log) \
+                    if rule.where is holding.WaitWhere.ADAPTIVE and not came_back else None
+                self._warm_up()
+                waited = holding.wait_in_worker(store, request, state, self._poll_interval(deferred=False),
+                                                self.log, self._kill_requested, rule=rule, estimate=estimate)
+                if waited.granted:
+                    lease = HeldLease(pool.name, waited.state.request_id, owner, waited.state.waited or 0.0,
+                                      waited.waited_for)
+                    return self._run_granted(context, store, pool, lease, started)
+                state = waited.state
         finally:
             store.close()
         from airflow_delta_occ.triggers.lease import DeltaLeaseTrigger
 
         self.defer(trigger=DeltaLeaseTrigger(lease_conn_id=self.lease_conn_id, request_id=state.request_id,
                                              owner=owner, request=request.to_json(),
-                                             poll_interval=self._poll_interval()),
+                                             poll_interval=self._poll_interval(deferred=True),
+                                             resume_ahead=rule.comes_back),
                    method_name="execute_complete", timeout=None)
+
+    def _wait_rule(self, pool: Pool) -> holding.WaitRule:
+        """Where this task waits for its lease (``deferrable``, Airflow's default, or adaptive)."""
+        return holding.WaitRule.of(self.deferrable, pool, default_deferrable=config.default_deferrable(),
+                                   worker_wait=config.worker_wait())
+
+    def _warm_up(self) -> None:
+        """Start the job's Spark session while the lease is awaited in the worker (in a thread: the wait
+        goes on), so a granted job starts its Spark work at once. A failure is left to the job itself."""
+        def warm() -> None:
+            try:
+                self.hook.warm_up()
+            except Exception as exc:  # the job opens its own session and reports what fails there
+                self.log.debug("warming the Spark session up failed: %s", exc)
+
+        threading.Thread(target=warm, name="delta-occ-warm-up", daemon=True).start()
 
     def _run_granted(self, context: Any, store: LeaseStore, pool: Pool, lease: HeldLease,
                      started: float) -> JobResult:
@@ -402,22 +458,26 @@ class DeltaBaseOperator(BaseOperator):
             raise
         return self._run_leased(store, pool, lease, prepared, started)
 
-    def _poll_interval(self) -> float:
+    def _poll_interval(self, *, deferred: bool) -> float:
         if self.lease_poll_interval is not None:
             return float(self.lease_poll_interval)
-        return holding.DEFERRED_POLL_SECONDS if self.deferrable else holding.WORKER_POLL_SECONDS
+        return holding.DEFERRED_POLL_SECONDS if deferred else holding.WORKER_POLL_SECONDS
 
     def _run_leased(self, store: LeaseStore, pool: Pool, lease: HeldLease, prepared: PreparedJob,
                     started: float) -> JobResult:
-        """Run the job while the lease is renewed; release it afterwards (success or failure)."""
+        """Run the job in Spark while the lease is renewed; release it when Spark is done (success or
+        failure), then confirm the commit."""
         self.log.info("conflict pool %s: lease %s held by %s (waited %.3f s for %s)", pool.name, lease.request_id,
                       lease.owner, lease.waited, lease.waited_for or "nobody")
         self._held_lease = (lease.request_id, lease.owner)
         try:
+            # Released as soon as Spark is done (committed or not): confirming the commit reads the log
+            # and needs no lease, and the next writer's Spark work should not wait for it.
             with holding.holding(store, lease, pool.heartbeat, self.log):
-                result = self._run_prepared(prepared, started)
+                ran = self._run_in_spark(prepared)
         finally:
             self._held_lease = None
+        result = self._finish(prepared, ran, started)
         return replace(result, lease=JobLease(pool=lease.pool, request_id=lease.request_id, waited=lease.waited,
                                               waited_for=tuple(lease.waited_for), lost=lease.lost))
 

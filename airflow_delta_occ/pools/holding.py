@@ -15,10 +15,13 @@ request types (which import the engine) are imported inside the functions that n
 from __future__ import annotations
 
 import math
+import statistics
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_delta_occ.exceptions import (
@@ -34,7 +37,7 @@ if TYPE_CHECKING:
     from airflow_delta_occ.engine.snapshot import Snapshot
     from airflow_delta_occ.pools.config import Pool
     from airflow_delta_occ.pools.leases.base import LeaseStore
-    from airflow_delta_occ.pools.requests import Blocker, LeaseRequest, LeaseState
+    from airflow_delta_occ.pools.requests import AuditEvent, Blocker, LeaseRequest, LeaseState
 
 
 class Log(Protocol):
@@ -47,9 +50,15 @@ class Log(Protocol):
     def error(self, msg: str, /, *args: Any) -> Any: ...
 
 
-DEFERRED_POLL_SECONDS = 2.0   # the triggerer polls the store for every deferred task: not too often
-WORKER_POLL_SECONDS = 0.5     # a waiting worker polls its own request: a grant is seen within this
+DEFERRED_POLL_SECONDS = 2.0   # a deferred waiter's full poll (its heartbeat) when nothing changed in the pool
+WORKER_POLL_SECONDS = 0.5     # a waiting worker's full poll when nothing changed in the pool
+WORKER_WAKE_SECONDS = 0.05    # a waiting worker reads the pool's revision this often: a grant is seen within it
+DEFERRED_WAKE_SECONDS = 0.25  # the trigger reads it this often (one cheap read per deferred waiter)
 MIN_POLL_SECONDS = 0.01       # a smaller interval would spin on the store
+WORKER_WAIT_SECONDS = 30.0    # adaptive: wait in the worker while the expected wait is at most this
+RESUME_AHEAD_SECONDS = 5.0    # adaptive: a deferred waiter comes back to a worker this long before its grant
+HOLDS_REMEMBERED = 50         # the table's last completed holds that make its typical hold
+HISTORY_READ = 500            # audit events read to find them
 MAX_FAILURES = 10             # consecutive store failures before a wait gives up (its request is abandoned by then)
 MAX_BLOCKERS_SEEN = 50        # the trigger's event is stored by Airflow: keep it small
 MAX_REASON_LENGTH = 500
@@ -80,6 +89,122 @@ def check_worker_wait(pool: Pool, deferrable: bool) -> None:
             f"deferrable=False cannot be used with conflict pool {pool.name!r}: it limits writers (max_writers="
             f"{pool.max_writers}), and tasks waiting in the worker hold the slots of its Airflow pool "
             f"{pool.airflow_pool!r} that the writers granted a lease need to run; wait deferred instead")
+
+
+# -- where a waiter waits: in the worker, deferred, or each as the expected wait says ------------------
+class WaitWhere(StrEnum):
+    ADAPTIVE = "adaptive"   # in the worker while the expected wait is short, deferred while it is long
+    WORKER = "worker"       # always in the worker (``deferrable=False``)
+    DEFERRED = "deferred"   # always in the triggerer (``deferrable=True``)
+
+
+@dataclass(frozen=True)
+class WaitRule:
+    """Where a pooled task waits for its lease, and when an adaptive wait moves.
+
+    A wait in the worker sees its grant within ``WORKER_WAKE_SECONDS`` and starts its Spark work at
+    once, but holds an Airflow slot; a deferred wait holds none, but its hand-over costs a trigger
+    event, the scheduler and a new task process (seconds). So an adaptive wait stays in the worker
+    while the expected wait is at most ``worker_wait`` seconds (and for at most that long when nothing
+    is known), defers when it is longer, and a deferred waiter comes back to a worker when its grant
+    is expected within ``resume_ahead`` seconds, so the hand-over overlaps the holder's last seconds.
+    A pool that limits its writers always defers: waiters in the worker would hold the slots of its
+    Airflow pool that the granted writers need.
+    """
+
+    where: WaitWhere
+    worker_wait: float = WORKER_WAIT_SECONDS
+    resume_ahead: float = RESUME_AHEAD_SECONDS
+
+    @classmethod
+    def of(cls, deferrable: bool | None, pool: Pool, *, default_deferrable: bool | None = None,
+           worker_wait: float = WORKER_WAIT_SECONDS) -> WaitRule:
+        """The rule for a task: its ``deferrable`` when set, else Airflow's ``[operators]
+        default_deferrable`` when the user set it (``default_deferrable``), else adaptive.
+
+        Raises:
+            PoolConfigError: a wait forced into the worker in a pool that limits its writers.
+        """
+        forced = deferrable if deferrable is not None else default_deferrable
+        if forced is not None:
+            check_worker_wait(pool, forced)
+            return cls(WaitWhere.DEFERRED if forced else WaitWhere.WORKER, worker_wait)
+        if pool.max_writers is not None:
+            return cls(WaitWhere.DEFERRED, worker_wait)
+        return cls(WaitWhere.ADAPTIVE, worker_wait, min(RESUME_AHEAD_SECONDS, worker_wait))
+
+    def defers(self, expected: float | None, waited_in_worker: float) -> bool:
+        """Whether a waiter in the worker should defer now: its wait is expected to last longer than
+        ``worker_wait`` (``expected`` seconds, ``None``: unknown), or it already waited that long."""
+        if self.where is not WaitWhere.ADAPTIVE:
+            return self.where is WaitWhere.DEFERRED
+        return (expected is not None and expected > self.worker_wait) or waited_in_worker >= self.worker_wait
+
+    @property
+    def comes_back(self) -> float | None:
+        """How close (seconds) a deferred waiter's expected grant must be for it to resume in a worker;
+        ``None``: it waits deferred until granted."""
+        return self.resume_ahead if self.where is WaitWhere.ADAPTIVE else None
+
+
+@dataclass(frozen=True)
+class WaitEstimate:
+    """How long a waiting request can expect to wait, from the store alone: how long this table's
+    leases stayed held lately (the audit: each grant to its release), and when each lease that blocks
+    the request was granted (the records)."""
+
+    typical_hold: float | None   # median of the table's last completed holds; None: none seen yet
+    holds_seen: int = 0
+
+    @classmethod
+    def from_history(cls, events: Sequence[AuditEvent]) -> WaitEstimate:
+        """From a table's audit events, oldest first."""
+        from airflow_delta_occ.pools.requests import AuditKind
+
+        granted: dict[str, float] = {}
+        holds: list[float] = []
+        for event in events:
+            if event.kind is AuditKind.GRANT:
+                granted[event.request_id] = event.at
+            elif event.kind is AuditKind.RELEASE and event.request_id in granted:
+                holds.append(max(0.0, event.at - granted.pop(event.request_id)))
+        holds = holds[-HOLDS_REMEMBERED:]
+        return cls(statistics.median(holds) if holds else None, len(holds))
+
+    @classmethod
+    def read(cls, store: LeaseStore, table: str, log: Log | None = None) -> WaitEstimate:
+        """The estimate for ``table``; unknown when the audit cannot be read (the wait goes on regardless)."""
+        try:
+            return cls.from_history(store.history(table=table, limit=HISTORY_READ))
+        except LeaseError as exc:
+            if log is not None:
+                log.warning("could not read the lease audit of %s to estimate the wait: %s", table, exc)
+            return cls(None)
+
+    def expected(self, state: LeaseState, granted_at: Mapping[str, float | None]) -> float | None:
+        """Seconds until ``state``'s request is expected to be granted: the longest remaining hold of the
+        leases that block it plus a typical hold for each earlier request it waits behind. ``None``
+        when nothing is known: no hold seen yet, a blocker held longer than usual already, or the
+        request waits for the pool's writer limit."""
+        if state.granted or not state.blockers:
+            return 0.0
+        if self.typical_hold is None or any(b.request_id is None for b in state.blockers):
+            return None
+        holding_left = []
+        for blocker in state.blockers:
+            if blocker.granted:
+                since = granted_at.get(str(blocker.request_id))
+                left = self.typical_hold - (state.checked_at - (state.checked_at if since is None else since))
+                if left < 0:   # held longer than usual: how much longer is anybody's guess
+                    return None
+                holding_left.append(left)
+        behind = sum(1 for b in state.blockers if not b.granted)
+        return max(holding_left, default=0.0) + behind * self.typical_hold
+
+
+def granted_times(store: LeaseStore, table: str) -> dict[str, float | None]:
+    """When each live request on ``table`` was granted (``None``: still waiting)."""
+    return {r.request_id: r.granted_at for r in store.records(table=table)}
 
 
 # -- the request ----------------------------------------------------------------------------------
@@ -163,9 +288,36 @@ class LeaseWait:
         self.blockers = BlockersSeen()
         self.failures = 0
         self.reacquired = 0
+        self.revision: int | None = None   # the pool's revision read before the last poll
+        self._granted_at: dict[str, float | None] = {}
+
+    def changed(self, store: LeaseStore) -> bool:
+        """Whether the pool moved since the last poll (one cheap read, no lock): a release, a grant, a
+        renewal. Polling only then lets a waiter check often. A failed read counts as a change, so the
+        poll that follows meets the failure and counts it."""
+        return self._revision(store) != self.revision
+
+    def _revision(self, store: LeaseStore) -> int | None:
+        try:
+            return store.revision(self.request.pool)
+        except LeaseStoreError:
+            return None
+
+    def expected(self, store: LeaseStore, state: LeaseState, estimate: WaitEstimate) -> float | None:
+        """``estimate.expected`` for ``state``, reading when its blockers were granted only for a blocker
+        not seen before (a store failure leaves the estimate unknown)."""
+        if estimate.typical_hold is None:
+            return None
+        if any(b.granted and str(b.request_id) not in self._granted_at for b in state.blockers):
+            try:
+                self._granted_at = granted_times(store, self.request.table)
+            except LeaseError:
+                return None
+        return estimate.expected(state, self._granted_at)
 
     def poll(self, store: LeaseStore) -> WaitStep:
         """Poll the store once (asking again for a dropped request); raises as the class says."""
+        self.revision = self._revision(store)   # before the poll: a change after it is seen by ``changed``
         try:
             state = store.poll_or_ask_again(self.request_id, self.request)
         except LeaseStoreError as exc:
@@ -208,10 +360,28 @@ class LeaseWait:
         return blocker_names(self.blockers.seen())
 
 
+@dataclass(frozen=True)
+class WorkerWait:
+    """How a wait in the worker ended: granted, or (adaptive) to be continued deferred."""
+
+    state: LeaseState
+    waited_for: list[str]
+    expected: float | None = None   # seconds still expected when it stopped to defer
+
+    @property
+    def granted(self) -> bool:
+        return self.state.granted
+
+
 def wait_in_worker(store: LeaseStore, request: LeaseRequest, state: LeaseState, interval: float, log: Log,
-                   stopped: threading.Event) -> tuple[LeaseState, list[str]]:
-    """Drive ``LeaseWait`` in this thread until ``state``'s request is granted; the granted state and
-    who it waited for.
+                   stopped: threading.Event, *, rule: WaitRule | None = None, estimate: WaitEstimate | None = None,
+                   clock: Callable[[], float] = time.monotonic) -> WorkerWait:
+    """Drive ``LeaseWait`` in this thread until ``state``'s request is granted, or until ``rule`` (adaptive)
+    says to defer: the request then stays in line and the caller hands it to the trigger.
+
+    Between full polls (every ``interval``, each the request's heartbeat) the pool's revision is read
+    every ``WORKER_WAKE_SECONDS``; a change (a release, a grant) is polled at once, so a grant is seen
+    within that time.
 
     Whatever ends the wait early cancels the request and propagates: ``stopped`` set (``on_kill``)
     raises ``JobKilledError``; a store that keeps failing (``LeaseWait``) fails the try (the
@@ -220,13 +390,28 @@ def wait_in_worker(store: LeaseStore, request: LeaseRequest, state: LeaseState, 
     Raises:
         JobKilledError: ``stopped`` was set while the request waited.
     """
+    rule = rule or WaitRule(WaitWhere.WORKER)
+    estimate = estimate or WaitEstimate(None)
     wait = LeaseWait(request, state.request_id, interval, log)
     wait.blockers.update(state.blockers)   # the caller logged why it waits
     step = WaitStep(state, wait.interval)
+    began = next_poll = clock()   # the first poll at once: a release since the caller's acquire is seen
     try:
         # A kill is checked before each poll and once more after the grant (it may land during a poll).
-        while not step.granted and not stopped.wait(step.delay):
+        while not step.granted:
+            if stopped.wait(max(0.0, min(WORKER_WAKE_SECONDS, next_poll - clock()))):
+                break
+            if clock() < next_poll and (step.state is None or not wait.changed(store)):
+                continue   # nothing moved (or a failure's back-off runs): sleep on
             step = wait.poll(store)
+            next_poll = clock() + step.delay
+            if step.state is not None and not step.granted and rule.where is not WaitWhere.WORKER:
+                expected = wait.expected(store, step.state, estimate)
+                if rule.defers(expected, clock() - began):
+                    log.info("lease request %s: %s; waiting deferred from here", step.state.request_id,
+                             f"about {expected:.1f} s more expected" if expected is not None
+                             else f"waited {clock() - began:.1f} s in the worker")
+                    return WorkerWait(step.state, wait.waited_for(), expected)
         if stopped.is_set():
             raise JobKilledError(f"the task was killed while its lease request {wait.request_id} on "
                                  f"{request.table} waited; the request is cancelled")
@@ -235,7 +420,7 @@ def wait_in_worker(store: LeaseStore, request: LeaseRequest, state: LeaseState, 
         raise
     assert step.state is not None  # granted
     log.info("lease request %s granted after %.3f s in the worker", step.state.request_id, step.state.waited or 0.0)
-    return step.state, wait.waited_for()
+    return WorkerWait(step.state, wait.waited_for())
 
 
 def cancel_requests(store: LeaseStore, owner: str, request_ids: Iterable[str], *, table: str | None,

@@ -13,8 +13,15 @@ with ``execute_complete(context, event=...)`` where ``event`` is one of:
 * ``{"status": "granted", "request_id", "state": LeaseState.to_json(), "waited": seconds or None,
   "blockers_seen": [{"request_id", "owner", "reason"}, ...], "reacquired": n}``: the lease is held
   from the grant on, and its TTL runs: the resumed task must start renewing it within the TTL;
+* ``{"status": "near", "request_id", "expected": seconds, "blockers_seen", "reacquired"}`` (only with
+  ``resume_ahead``): the grant is expected within ``resume_ahead`` seconds; the request keeps its place
+  and the task resumes to wait the rest in a worker, so its start overlaps the holder's last seconds
+  (an adaptive wait, ``pools.holding.WaitRule``);
 * ``{"status": "error", "request_id", "message"}``: the connection names no usable store, the request
   cannot be read, or the store failed ``pools.holding.MAX_FAILURES`` times in a row.
+
+Between full polls the trigger reads the pool's revision every ``DEFERRED_WAKE_SECONDS`` (one cheap read
+without the pool's lock) and polls at once when it moved, so a grant is seen within that time.
 
 The triggerer must not load pyarrow or Spark for every trigger it runs: the store, the request types
 and the engine they import are loaded inside ``run()``, in a thread. Connections are read with
@@ -36,7 +43,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_delta_occ.exceptions import LeaseError, LeaseStoreError
 from airflow_delta_occ.hooks.leases import store_url
-from airflow_delta_occ.pools.holding import LeaseWait, Log, cancel_requests
+from airflow_delta_occ.pools.holding import DEFERRED_WAKE_SECONDS, LeaseWait, Log, WaitEstimate, cancel_requests
 
 if TYPE_CHECKING:
     from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
@@ -50,23 +57,27 @@ class DeltaLeaseTrigger(BaseTrigger):
     :param request_id: the waiting request, as ``acquire`` returned it.
     :param owner: the task try that owns it (only the owner may poll or cancel it).
     :param request: ``LeaseRequest.to_json()``, to ask again if the request was dropped.
-    :param poll_interval: seconds between polls; at most a third of the request's TTL is used.
+    :param poll_interval: seconds between full polls when the pool does not change; at most a third
+        of the request's TTL is used.
+    :param resume_ahead: end the wait with a ``near`` event when the grant is expected within this
+        many seconds (``None``: only a grant ends it).
     """
 
     def __init__(self, *, lease_conn_id: str, request_id: str, owner: str, request: dict[str, Any],
-                 poll_interval: float = 2.0) -> None:
+                 poll_interval: float = 2.0, resume_ahead: float | None = None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # Airflow's BaseTrigger.__init__ is untyped
         self.lease_conn_id = lease_conn_id
         self.request_id = request_id
         self.owner = owner
         self.request = request
         self.poll_interval = poll_interval
+        self.resume_ahead = resume_ahead
         self.current_request_id = request_id   # moves on when a dropped request is asked for again
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}",
                 {"lease_conn_id": self.lease_conn_id, "request_id": self.request_id, "owner": self.owner,
-                 "request": self.request, "poll_interval": self.poll_interval})
+                 "request": self.request, "poll_interval": self.poll_interval, "resume_ahead": self.resume_ahead})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         yield TriggerEvent(await self.wait_for_grant())  # type: ignore[no-untyped-call]  # untyped in Airflow
@@ -89,6 +100,7 @@ class DeltaLeaseTrigger(BaseTrigger):
             return self._error(f"connection {self.lease_conn_id!r}: {exc}")
         wait = LeaseWait(request, self.current_request_id, self.poll_interval, self.log)
         store: SqlLeaseStore | None = None
+        estimate: WaitEstimate | None = None
         try:
             while True:
                 try:
@@ -99,6 +111,14 @@ class DeltaLeaseTrigger(BaseTrigger):
                             step = wait.failed(exc)   # counted as a failed poll; raises at the limit
                     if store is not None:
                         step = await asyncio.to_thread(wait.poll, store)
+                        if self.resume_ahead is not None and step.state is not None and not step.granted:
+                            if estimate is None:
+                                estimate = await asyncio.to_thread(WaitEstimate.read, store, request.table, self.log)
+                            expected = await asyncio.to_thread(wait.expected, store, step.state, estimate)
+                            if expected is not None and expected <= self.resume_ahead:
+                                return {"status": "near", "request_id": step.state.request_id,
+                                        "expected": expected, "blockers_seen": wait.blockers.seen(),
+                                        "reacquired": wait.reacquired}
                 except LeaseError as exc:   # not this owner's request, or the store kept failing
                     return self._error(str(exc))
                 finally:
@@ -107,10 +127,24 @@ class DeltaLeaseTrigger(BaseTrigger):
                     return {"status": "granted", "request_id": step.state.request_id, "state": step.state.to_json(),
                             "waited": step.state.waited, "blockers_seen": wait.blockers.seen(),
                             "reacquired": wait.reacquired}
-                await asyncio.sleep(step.delay)
+                await self._sleep(wait, store if step.state is not None else None, step.delay)
         finally:
             if store is not None:
                 await _close(store)
+
+    @staticmethod
+    async def _sleep(wait: LeaseWait, store: SqlLeaseStore | None, delay: float) -> None:
+        """Sleep until the next full poll is due (``delay``) or ``store``'s pool moves, whichever comes
+        first; with no store to watch (a failure's back-off), the whole ``delay``."""
+        if store is None:
+            await asyncio.sleep(delay)
+            return
+        loop = asyncio.get_running_loop()
+        until = loop.time() + delay
+        while (left := until - loop.time()) > 0:
+            await asyncio.sleep(min(DEFERRED_WAKE_SECONDS, left))
+            if loop.time() < until and await asyncio.to_thread(wait.changed, store):
+                return
 
     async def on_kill(self) -> None:
         """Cancel the request (or release the lease) so a killed or cleared task does not keep its place.

@@ -12,8 +12,10 @@ lease store's audit, and the Delta log.
    (and until ``update_p1``, which asks only once merge_p1 holds, waits behind it and a disjoint
    writer holds a lease alongside, capped).
    No task fails, Delta raises no conflict, writers that can conflict never hold leases (and never
-   commit) at the same time, disjoint writers do, the waiting ones were deferred, the table is the
-   expected one.
+   commit) at the same time, disjoint writers do, the table is the expected one. The writers wait as
+   they do by default (adaptive, ``[delta_occ] worker_wait`` = WORKER_WAIT here): ``update_p1`` first
+   in the worker, then deferred once it waited that long, keeping its one request throughout; no
+   request is abandoned or left behind.
 2. ``delta_occ_e2e_naive``: the same writers without the pool; ``merge_p1``'s commit is held until
    ``update_p1`` has committed, and delta-spark raises a real conflict (so the pooled proof is not
    vacuous: the pool is what kept the conflicts away).
@@ -61,6 +63,7 @@ CONFLICTING = {frozenset(p) for p in (("merge_p1", "update_p1"), ("merge_p2", "o
     frozenset(("set_properties", w)) for w in WRITERS if w != "set_properties"}
 HOLD_SECONDS = 10.0          # merge_p1's commit is held this long in the pooled run
 KILL_TTL, KILL_HEARTBEAT = 6.0, 2.0
+WORKER_WAIT = 3.0            # [delta_occ] worker_wait: update_p1's wait (>= HOLD_SECONDS) starts here, then defers
 RUN_TIMEOUT = 900.0
 FINAL = {"success", "failed", "upstream_failed", "skipped"}
 ROWS_PER_FILE = 50
@@ -203,6 +206,7 @@ def airflow(tmp_path_factory: pytest.TempPathFactory,
             AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="False",
             AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True",
             AIRFLOW__DELTA_OCC__POOL_FILE=str(pools),
+            AIRFLOW__DELTA_OCC__WORKER_WAIT=str(WORKER_WAIT),
             AIRFLOW_CONN_DELTA_OCC_DEFAULT=json.dumps({"conn_type": "delta_occ",
                                                        "extra": {"mode": "connect", "connect_url": spark["url"]}}),
             AIRFLOW_CONN_DELTA_OCC_LEASES=json.dumps({"conn_type": "delta_occ_leases", "extra": {"url": lease_url}}),
@@ -365,7 +369,8 @@ def test_pooled_run_disjoint_writers_overlapped(pooled: dict[str, Any]) -> None:
     assert any("merge_p1" in pair for pair in overlapping), overlapping
 
 
-def test_pooled_run_waiting_tasks_were_deferred(pooled: dict[str, Any]) -> None:
+def test_pooled_run_waiting_tasks_waited_where_the_adaptive_rule_says(airflow: dict[str, Any],
+                                                                    pooled: dict[str, Any]) -> None:
     sampler: Sampler = pooled["sampler"]
     waited = {t: x["lease"] for t, x in pooled["xcom"].items() if isinstance(x, dict) and "lease" in x
               and x["lease"]["waited_for"]}
@@ -373,12 +378,31 @@ def test_pooled_run_waiting_tasks_were_deferred(pooled: dict[str, Any]) -> None:
     # lasts HOLD_SECONDS; whichever asked first holds).
     assert any(any(f"/{other}/" in owner for owner in waited.get(task, {}).get("waited_for", []))
                for task, other in (("update_p1", "merge_p1"), ("merge_p1", "update_p1"))), waited
+    events = pooled["events"]
     for task, lease in waited.items():
+        log = _task_log(airflow["work"], POOLED, task)
+        assert "(waiting: adaptive)" in log, (task, log[-2000:])
+        asked = [e for e in events if e.kind is AuditKind.REQUEST and _task(e.owner) == task]
+        assert [e.request_id for e in asked] == [lease["request_id"]], (task, asked)   # one request, kept
+        if lease["waited"] < WORKER_WAIT + 2:
+            continue   # a short wait may end in the worker or just after it deferred
+        # A long wait began in the worker, then moved to the triggerer.
+        assert "waiting deferred from here" in log, (task, log[-2000:])
         deferred = sampler.seen(task, "deferred")
         assert deferred, f"{task} waited {lease['waited']} s for {lease['waited_for']} but was never seen deferred"
         # While it was deferred, it ran nowhere: no running sample falls inside its deferral.
         running = sampler.seen(task, "running")
         assert not [t for t in running if min(deferred) < t < max(deferred)], (task, deferred, running)
+    assert any(lease["waited"] >= WORKER_WAIT + 2 for lease in waited.values()), waited   # not vacuous
+    # Nobody was dropped from the line on the way (a waiter that stops polling is abandoned).
+    assert not [e for e in events if e.kind in (AuditKind.ABANDON, AuditKind.EXPIRE, AuditKind.CANCEL)
+                and _task(e.owner) != "set_properties"], events
+
+
+def _task_log(work: Path, dag_id: str, task: str) -> str:
+    """Every attempt log of ``task`` in the run ``e2e`` (a deferred task logs to its try's file)."""
+    folder = work / "airflow" / "logs" / f"dag_id={dag_id}" / "run_id=e2e" / f"task_id={task}"
+    return "\n".join(p.read_text(errors="replace") for p in sorted(folder.glob("attempt=*.log")))
 
 
 def test_pooled_run_left_the_expected_table(pooled: dict[str, Any]) -> None:

@@ -240,6 +240,7 @@ def test_conflict_pool_on_an_s3_table_plans_from_the_s3_log_and_leases(
 
     def merge() -> DeltaMergeOperator:
         return DeltaMergeOperator(task_id="pooled", table=s3_path, storage_conn_id=s3_connection, conflict_pool="lake",
+                                  deferrable=True,
                                   source_query="SELECT 2 AS id, 22 AS v, DATE'2024-01-01' AS date, 'DE' AS country",
                                   merge_condition="t.id = s.id",
                                   clauses=[{"kind": "matched_update", "set": {"v": "s.v"}}],

@@ -61,3 +61,31 @@ def test_bad_task_policies_fail_when_the_dag_is_parsed():
 
     with pytest.raises(JobSpecError, match="conflict_policies: unknown conflict 'ConcurrentAppend'"):
         DeltaDeleteOperator(task_id="d", table="/lake/t", conflict_policies={"ConcurrentAppend": "skip"})
+
+
+def test_worker_wait_is_seconds_from_zero_to_a_day(monkeypatch):
+    from airflow_delta_occ import config
+    from airflow_delta_occ.exceptions import ProviderConfigError
+
+    monkeypatch.delenv("AIRFLOW__DELTA_OCC__WORKER_WAIT", raising=False)
+    assert config.worker_wait() == 30.0
+    for text, value in (("0", 0.0), ("12.5", 12.5), (" 60 ", 60.0)):
+        monkeypatch.setenv("AIRFLOW__DELTA_OCC__WORKER_WAIT", text)
+        assert config.worker_wait() == value
+    for bad in ("-1", "90000", "nan", "inf", "soon", ""):
+        monkeypatch.setenv("AIRFLOW__DELTA_OCC__WORKER_WAIT", bad)
+        with pytest.raises(ProviderConfigError, match=r"\[delta_occ\] worker_wait is"):
+            config.worker_wait()
+
+
+def test_airflows_default_deferrable_counts_only_when_the_user_set_it(monkeypatch):
+    from airflow_delta_occ import config
+
+    for name in ("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE_CMD",
+                 "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE_SECRET"):
+        monkeypatch.delenv(name, raising=False)
+    assert config.default_deferrable() is None   # Airflow's own default (False) does not force worker waits
+    monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", "true")
+    assert config.default_deferrable() is True
+    monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", "False")
+    assert config.default_deferrable() is False

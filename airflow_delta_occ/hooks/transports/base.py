@@ -99,6 +99,9 @@ class JobTransport(ABC):
     def run(self, spec: JobSpec) -> JobResult:
         """Execute ``spec``; its outcome, whatever it is, comes back as the result's status."""
 
+    def warm_up(self) -> None:  # noqa: B027 - a mode with nothing to start early does nothing
+        """Start what a job will need (a session, a client) before it runs; may run in another thread."""
+
     def kill(self) -> bool:
         """Stop the job ``run`` is executing; ``False`` when none runs (nothing is done).
 

@@ -47,6 +47,11 @@ class ConnectTransport(SessionTransport):
     def connect_url(self) -> str:
         return connect_url(self.host.extras, self.host.delta_conn_id)
 
+    def warm_up(self) -> None:
+        """Load the Connect client (gRPC, protobuf: the better part of a second) before the job needs it.
+        No session is opened: each job's is private and closed after it."""
+        import pyspark.sql.connect.session  # noqa: F401
+
     def get_spark(self) -> Any:
         """A new session on the server (on every call)."""
         from pyspark.sql import SparkSession

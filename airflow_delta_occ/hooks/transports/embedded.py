@@ -40,6 +40,10 @@ class EmbeddedTransport(SessionTransport):
             hadoop_conf.set(key, value)
         return spark
 
+    def warm_up(self) -> None:
+        """Start the process's session (the JVM: seconds) before the job needs it."""
+        self.get_spark()
+
     @contextlib.contextmanager
     def job_session(self) -> Iterator[Any]:
         yield self.get_spark()

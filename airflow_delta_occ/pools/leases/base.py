@@ -126,6 +126,14 @@ class LeaseStore(ABC):
     def history(self, *, pool: str | None = None, table: str | None = None, limit: int = 100) -> list[AuditEvent]:
         """The newest ``limit`` audit events, oldest first."""
 
+    @abstractmethod
+    def revision(self, pool: str) -> int:
+        """A number that changes whenever anything in ``pool`` changes (every locked operation moves it).
+
+        The cheapest read a store has (one row by its key): a waiter checks it often and polls for its
+        state only when it moved, so a release reaches the waiters it grants within one check.
+        """
+
     def close(self) -> None:  # noqa: B027 - a store without connections has nothing to release
         """Release connections; the store is unusable afterwards."""
 

@@ -21,6 +21,7 @@ from .base import LeaseStore, PoolTransaction, Row, newest, only
 class _Pool:
     rows: dict[str, Row] = field(default_factory=dict)   # insertion order is arrival order
     next_seq: int = 1
+    revision: int = 0   # moved by every transaction that ends well
 
 
 class _Transaction:
@@ -65,7 +66,7 @@ class MemoryLeaseStore(LeaseStore):
         with self._lock:
             state = self._pools.setdefault(pool, _Pool())
             # work on a copy so an exception leaves the pool as it was (a rolled-back transaction)
-            draft = _Pool(dict(state.rows), state.next_seq)
+            draft = _Pool(dict(state.rows), state.next_seq, state.revision + 1)
             txn = _Transaction(draft, len(self._events) + 1, self.clock())
             yield txn
             self._pools[pool] = draft
@@ -76,6 +77,11 @@ class MemoryLeaseStore(LeaseStore):
             state = self._pools.get(pool)
             rows = sorted(state.rows.values(), key=lambda r: r.record.seq) if state else []
             return rows, self.clock()
+
+    def revision(self, pool: str) -> int:
+        with self._lock:
+            state = self._pools.get(pool)
+            return 0 if state is None else state.revision
 
     def _locate(self, request_id: str) -> str | None:
         with self._lock:

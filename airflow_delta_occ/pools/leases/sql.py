@@ -170,6 +170,13 @@ class SqlLeaseStore(LeaseStore):
                 return [], float(conn.execute(sa.select(self._now())).scalar_one())
             return [self._row(r) for r in result], float(result[0].now)
 
+    def revision(self, pool: str) -> int:
+        """The pool row's ``next_seq``: every locked operation bumps it (``_lock_pool``), so it moves on
+        every change, and reading it takes no lock."""
+        with self._errors(f"read pool {pool!r}"), self._reading() as conn:
+            found = conn.execute(sa.select(pools_table.c.next_seq).where(pools_table.c.name == pool)).scalar()
+        return 0 if found is None else int(found)
+
     def _now(self) -> Any:
         """The clock as a SQL expression: the database's, or the injected ``clock``'s reading now."""
         if self.clock is None:

@@ -22,10 +22,12 @@ from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_delta_occ.engine import Snapshot
 from airflow_delta_occ.engine.planner import TableState, plan_footprint
-from airflow_delta_occ.exceptions import JobKilledError, LeaseStoreError, PoolConfigError
+from airflow_delta_occ.exceptions import JobKilledError, LeaseStoreError, PoolConfigError, ProviderConfigError
+from airflow_delta_occ.hooks.leases import configured_pool
 from airflow_delta_occ.hooks.transports import MemoryTransport
 from airflow_delta_occ.jobs.result import JobResult
 from airflow_delta_occ.operators.delta import DeltaDeleteOperator, DeltaUpdateOperator
+from airflow_delta_occ.pools.holding import WaitWhere
 from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
 from airflow_delta_occ.pools.requests import AuditKind, LeaseRequest
 from airflow_delta_occ.triggers.lease import DeltaLeaseTrigger
@@ -177,8 +179,10 @@ def spark(store: SqlLeaseStore, monkeypatch: pytest.MonkeyPatch) -> Iterator[_Sp
         yield fake
 
 
-def _leased_update(path: str) -> DeltaUpdateOperator:
-    return _update(table=path, conflict_pool="sales", partitions={"date": "2024-01-01", "country": "DE"})
+def _leased_update(path: str, deferrable: bool | None = True) -> DeltaUpdateOperator:
+    """A pooled UPDATE of one partition; it waits deferred unless told otherwise."""
+    return _update(table=path, conflict_pool="sales", partitions={"date": "2024-01-01", "country": "DE"},
+                   deferrable=deferrable)
 
 
 def _block(store: SqlLeaseStore, path: str, snapshot: Snapshot) -> str:
@@ -344,7 +348,7 @@ def test_the_deferred_wait_polls_at_the_given_interval(pools: Path, sales_log: t
     path, snapshot = sales_log
     blocker = _block(store, path, snapshot)
     for interval, expected in ((None, 2.0), (0.25, 0.25)):
-        op = _update(table=path, conflict_pool="sales", lease_poll_interval=interval)
+        op = _update(table=path, conflict_pool="sales", lease_poll_interval=interval, deferrable=True)
         with pytest.raises(TaskDeferred) as deferred:
             op.execute(_context())
         assert deferred.value.trigger.poll_interval == expected
@@ -413,4 +417,130 @@ def test_deferrable_false_is_refused_in_a_pool_that_limits_writers(tmp_path: Pat
     with pytest.raises(PoolConfigError, match=r"deferrable=False cannot be used with conflict pool 'capped'.*"
                                               r"max_writers=2"):
         _update(conflict_pool="capped", deferrable=False)
-    assert _update(conflict_pool="capped").deferrable   # deferred waits are fine
+    assert _update(conflict_pool="capped", deferrable=True).deferrable   # deferred waits are fine
+    # Left adaptive, a task of such a pool always defers.
+    op = _update(conflict_pool="capped")
+    assert op.deferrable is None and op._wait_rule(configured_pool("capped")).where is WaitWhere.DEFERRED
+
+
+# -- the default: an adaptive wait ---------------------------------------------------------------------
+def _history_of_holds(store: SqlLeaseStore, path: str, snapshot: Snapshot, seconds: float) -> None:
+    """Two earlier leases on the table, each held ``seconds``, written on a store whose clock is set back."""
+    from airflow_delta_occ.pools.config import normalize_table
+
+    now = time.time()
+    for n in range(2):
+        moment = now - 1000.0 + n * (seconds + 1)
+        clocked = SqlLeaseStore(str(store.engine.url), clock=lambda: moment)
+        try:
+            request = LeaseRequest.of(pool="sales", table=normalize_table(path), owner=f"old{n}",
+                                      footprint=plan_footprint(snapshot, "OPTIMIZE"),
+                                      table_state=TableState.of(snapshot), ttl=1e6)
+            state = clocked.acquire(request)
+            moment += seconds
+            clocked.release(state.request_id, f"old{n}")
+        finally:
+            clocked.close()
+
+
+def test_by_default_a_short_wait_stays_in_the_worker_and_sees_the_release_at_once(
+        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore, spark: _Spark) -> None:
+    """Nothing known about the table's holds: the task waits in the worker (up to ``worker_wait``).
+    Full polls are 20 s apart here; the release reaches it through the pool's revision."""
+    path, snapshot = sales_log
+    blocker = _block(store, path, snapshot)
+    op = _leased_update(path, deferrable=None)
+    op.lease_poll_interval = 20.0
+
+    def release_once_it_waits() -> None:
+        _waiting_request(store)
+        time.sleep(0.2)
+        store.release(blocker, "blocker")
+
+    helper = _Background(release_once_it_waits)
+    started = time.monotonic()
+    result = op.execute(_context())   # no TaskDeferred
+    helper.join()
+    assert time.monotonic() - started < 15.0   # long before the next full poll (not a speed claim)
+    assert spark.holders_during == ["d/u/manual__1/-1/1"] and result["lease"]["waited_for"] == ["blocker"]
+    assert result["run_started_at"] is not None and store.records() == []
+
+
+def test_by_default_a_wait_expected_to_be_long_defers_and_comes_back_when_near(
+        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore, spark: _Spark) -> None:
+    path, snapshot = sales_log
+    _history_of_holds(store, path, snapshot, seconds=100.0)   # this table's leases are held 100 s
+    blocker = _block(store, path, snapshot)
+    with pytest.raises(TaskDeferred) as deferred:
+        _leased_update(path, deferrable=None).execute(_context())
+    trigger = deferred.value.trigger
+    assert trigger.resume_ahead == 5.0 and trigger.poll_interval == 2.0
+    waiting = _waiting_request(store)
+    assert waiting.request_id == trigger.request_id and spark.runs == 0   # deferred at once, still in line
+
+    # The trigger finds the grant near: the task comes back and waits the rest in the worker.
+    helper = _Background(lambda: (time.sleep(0.3), store.release(blocker, "blocker")))
+    event = {"status": "near", "request_id": trigger.request_id, "expected": 0.3, "blockers_seen": []}
+    result = _leased_update(path, deferrable=None).execute_complete(_context(), event=event)
+    helper.join()
+    assert result["lease"]["request_id"] == trigger.request_id   # the same request, its place kept
+    assert spark.runs == 1 and spark.holders_during == ["d/u/manual__1/-1/1"] and store.records() == []
+
+
+def test_by_default_a_worker_wait_defers_after_worker_wait_seconds(
+        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore, spark: _Spark,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW__DELTA_OCC__WORKER_WAIT", "0.3")
+    path, snapshot = sales_log
+    blocker = _block(store, path, snapshot)
+    started = time.monotonic()
+    with pytest.raises(TaskDeferred) as deferred:
+        _leased_update(path, deferrable=None).execute(_context())
+    assert time.monotonic() - started >= 0.3
+    assert _waiting_request(store).request_id == deferred.value.trigger.request_id   # not cancelled
+    store.release(blocker, "blocker")
+
+
+def test_airflows_default_deferrable_is_respected_when_set(
+        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore, spark: _Spark,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", "True")
+    path, snapshot = sales_log
+    blocker = _block(store, path, snapshot)
+    with pytest.raises(TaskDeferred) as deferred:
+        _leased_update(path, deferrable=None).execute(_context())
+    assert deferred.value.trigger.resume_ahead is None   # forced deferred: only the grant ends the wait
+    store.release(blocker, "blocker")
+    monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", "perhaps")
+    with pytest.raises(ProviderConfigError, match=r"\[operators\] default_deferrable is 'perhaps'"):
+        _leased_update(path, deferrable=None)
+
+
+def test_a_bad_worker_wait_or_deferrable_is_refused(pools: Path, sales_log: tuple[str, Snapshot],
+                                                    store: SqlLeaseStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(PoolConfigError, match="deferrable must be True, False or None"):
+        _update(conflict_pool="sales", deferrable="yes")
+    path, snapshot = sales_log
+    blocker = _block(store, path, snapshot)
+    for bad in ("-1", "soon", "nan"):
+        monkeypatch.setenv("AIRFLOW__DELTA_OCC__WORKER_WAIT", bad)
+        with pytest.raises(ProviderConfigError, match=rf"\[delta_occ\] worker_wait is '{bad}'"):
+            _leased_update(path, deferrable=None).execute(_context())
+    assert [r.owner for r in store.records()] == ["blocker"]   # refused before asking for a lease
+    store.release(blocker, "blocker")
+
+
+def test_the_lease_is_released_when_spark_is_done_before_the_commit_is_confirmed(
+        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore, spark: _Spark,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    op = _leased_update(sales_log[0])
+    held_while_confirming: list[list[str]] = []
+    confirm = op.confirm
+
+    def watched(prepared: Any, result: JobResult) -> JobResult:
+        held_while_confirming.append([r.owner for r in store.holders()])
+        return confirm(prepared, result)
+
+    monkeypatch.setattr(op, "confirm", watched)
+    op.execute(_context())
+    assert spark.holders_during == ["d/u/manual__1/-1/1"] and held_while_confirming == [[]]

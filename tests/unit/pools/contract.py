@@ -107,6 +107,29 @@ class LeaseStoreContract:
         assert [r.owner for r in store.holders()] == ["second"]  # granted without polling
         assert second.status is LeaseStatus.WAITING
 
+    def test_the_revision_moves_with_every_change_and_only_then(self, store: LeaseStore, request_for: Request) -> None:
+        """Waiters read it between polls to see a release at once: every change must move it, and a
+        read or a quiet poll must not (or every waiter would poll on every check)."""
+        assert store.revision("sales") == store.revision("sales")
+        seen = [store.revision("sales")]
+
+        def moved() -> bool:
+            seen.append(store.revision("sales"))
+            return seen[-1] != seen[-2]
+
+        first = store.acquire(request_for("first", "OPTIMIZE"))
+        assert moved()
+        second = store.acquire(request_for("second", "UPDATE", "country = 'DE'"))
+        assert moved()
+        store.records(), store.history(), store.poll(second.request_id, "second")   # a fresh heartbeat: quiet
+        assert not moved()
+        store.renew(first.request_id, "first")
+        assert moved()
+        store.acquire(request_for("other", "OPTIMIZE", pool="other"))
+        assert not moved()   # another pool's changes are not this pool's
+        store.release(first.request_id, "first")   # grants "second" in the same transaction
+        assert moved() and store.holders(pool="sales")[0].owner == "second"
+
     def test_other_tables_and_pools_never_block(self, store: LeaseStore, request_for: Request) -> None:
         assert store.acquire(request_for("a", "OPTIMIZE")).granted
         assert store.acquire(request_for("b", "OPTIMIZE", table_key="other")).granted

@@ -7,12 +7,14 @@ import threading
 
 import pytest
 
-from airflow_delta_occ.exceptions import JobKilledError, LeaseStoreError
+from airflow_delta_occ.exceptions import JobKilledError, LeaseStoreError, PoolConfigError
 from airflow_delta_occ.pools import holding
+from airflow_delta_occ.pools.config import Pool
+from airflow_delta_occ.pools.holding import WaitWhere
 from airflow_delta_occ.pools.leases.memory import MemoryLeaseStore
-from airflow_delta_occ.pools.requests import LeaseRecord, LeaseStatus
+from airflow_delta_occ.pools.requests import AuditEvent, AuditKind, Blocker, LeaseRecord, LeaseState, LeaseStatus
 
-from .contract import Request
+from .contract import Clock, Request
 
 pytestmark = pytest.mark.unit
 LOG = logging.getLogger("test_holding")
@@ -45,3 +47,109 @@ def test_a_worker_wait_killed_while_the_store_cannot_list_still_gives_its_place_
     with pytest.raises(JobKilledError):   # the kill, not the listing failure, is what the task reports
         holding.wait_in_worker(store, request, waiting, 0.01, LOG, killed)
     assert not store.release(waiting.request_id, "waiter")   # its place was given back
+
+
+# -- where a waiter waits ------------------------------------------------------------------------------
+def _pool(max_writers: int | None = None) -> Pool:
+    return Pool(name="sales", tables=("t",), max_writers=max_writers)
+
+
+def test_the_wait_rule_follows_the_task_then_airflow_then_adapts() -> None:
+    rule = holding.WaitRule.of
+    assert rule(True, _pool()).where is WaitWhere.DEFERRED
+    assert rule(False, _pool()).where is WaitWhere.WORKER
+    assert rule(None, _pool(), default_deferrable=True).where is WaitWhere.DEFERRED
+    assert rule(None, _pool(), default_deferrable=False).where is WaitWhere.WORKER
+    assert rule(False, _pool(), default_deferrable=True).where is WaitWhere.WORKER   # the task's own choice wins
+    adaptive = rule(None, _pool(), worker_wait=20.0)
+    assert (adaptive.where, adaptive.worker_wait, adaptive.comes_back) == (WaitWhere.ADAPTIVE, 20.0, 5.0)
+    # A pool that limits writers: waiters in the worker would hold the slots granted writers need.
+    assert rule(None, _pool(max_writers=2)).where is WaitWhere.DEFERRED
+    assert rule(None, _pool(max_writers=2)).comes_back is None
+    for forced in ((False, None), (None, False)):
+        with pytest.raises(PoolConfigError, match="limits writers"):
+            rule(forced[0], _pool(max_writers=2), default_deferrable=forced[1])
+
+
+def test_an_adaptive_wait_defers_when_the_expected_wait_is_long_or_it_waited_long() -> None:
+    adaptive = holding.WaitRule(WaitWhere.ADAPTIVE, worker_wait=30.0)
+    assert not adaptive.defers(29.0, 0.0) and adaptive.defers(31.0, 0.0)
+    assert not adaptive.defers(None, 29.0) and adaptive.defers(None, 30.0)   # unknown: bounded by time
+    assert not holding.WaitRule(WaitWhere.WORKER).defers(1e9, 1e9)
+    assert holding.WaitRule(WaitWhere.DEFERRED).defers(0.0, 0.0)
+
+
+def _event(at: float, request_id: str, kind: AuditKind) -> AuditEvent:
+    return AuditEvent(at=at, pool="sales", table="t", request_id=request_id, owner=request_id, kind=kind, summary="")
+
+
+def test_the_typical_hold_is_the_median_of_the_tables_completed_holds() -> None:
+    events = [_event(0, "a", AuditKind.GRANT), _event(4, "a", AuditKind.RELEASE),
+              _event(1, "b", AuditKind.GRANT), _event(2, "b", AuditKind.RENEW), _event(11, "b", AuditKind.RELEASE),
+              _event(5, "c", AuditKind.GRANT), _event(8, "c", AuditKind.RELEASE),
+              _event(9, "d", AuditKind.GRANT), _event(20, "d", AuditKind.EXPIRE),   # no release: not a hold
+              _event(12, "e", AuditKind.RELEASE)]                                   # its grant was not read
+    estimate = holding.WaitEstimate.from_history(events)
+    assert (estimate.typical_hold, estimate.holds_seen) == (4.0, 3)
+    assert holding.WaitEstimate.from_history([]).typical_hold is None
+
+
+def _blocked(now: float, *blockers: Blocker) -> LeaseState:
+    return LeaseState("w", LeaseStatus.WAITING, now, None, blockers)
+
+
+def test_the_expected_wait_is_the_holders_remaining_hold_plus_a_hold_per_request_ahead() -> None:
+    estimate = holding.WaitEstimate(typical_hold=10.0)
+    holder = Blocker("conflicts", "h", "h", granted=True)
+    ahead = Blocker("conflicts", "a", "a", granted=False)
+    assert estimate.expected(_blocked(100.0, holder), {"h": 97.0}) == pytest.approx(7.0)
+    assert estimate.expected(_blocked(100.0, holder, ahead), {"h": 97.0, "a": None}) == pytest.approx(17.0)
+    assert estimate.expected(_blocked(100.0, holder), {"h": 85.0}) is None   # held longer than usual: unknown
+    assert estimate.expected(_blocked(100.0, Blocker("the pool's writer limit")), {}) is None
+    assert holding.WaitEstimate(None).expected(_blocked(100.0, holder), {"h": 99.0}) is None
+    assert estimate.expected(LeaseState("w", LeaseStatus.GRANTED, 100.0), {}) == 0.0
+
+
+def test_an_adaptive_worker_wait_hands_a_long_wait_to_the_triggerer_keeping_its_place(request_for: Request) -> None:
+    clock = Clock(1_700_000_000.0)
+    store = MemoryLeaseStore(clock=clock)
+    for owner in ("old1", "old2"):   # this table's leases were held 100 s each
+        done = store.acquire(request_for(owner, "OPTIMIZE"))
+        clock.now += 100.0
+        store.release(done.request_id, owner)
+    holder = store.acquire(request_for("holder", "OPTIMIZE"))
+    request = request_for("waiter", "UPDATE", "country = 'DE'")
+    waiting = store.acquire(request)
+    estimate = holding.WaitEstimate.read(store, "t")
+    assert estimate.typical_hold == 100.0
+    ended = holding.wait_in_worker(store, request, waiting, 0.01, LOG, threading.Event(),
+                                   rule=holding.WaitRule(WaitWhere.ADAPTIVE), estimate=estimate)
+    assert not ended.granted and ended.expected == pytest.approx(100.0)
+    assert ended.state.request_id == waiting.request_id   # still in line, for the trigger to take over
+    assert [r.owner for r in store.waiters()] == ["waiter"] and store.holders()[0].request_id == holder.request_id
+
+
+def test_a_worker_wait_sees_a_release_long_before_its_next_full_poll(request_for: Request) -> None:
+    """The full poll is due every 30 s here; the pool's revision, read every 50 ms, brings the grant."""
+    import time
+
+    store = MemoryLeaseStore()
+    holder = store.acquire(request_for("holder", "OPTIMIZE"))
+    request = request_for("waiter", "UPDATE", "country = 'DE'")
+    waiting = store.acquire(request)
+    polls = 0
+    poll = store.poll
+
+    def counted(request_id: str, owner: str) -> LeaseState:
+        nonlocal polls
+        polls += 1
+        return poll(request_id, owner)
+
+    store.poll = counted  # type: ignore[method-assign]
+    timer = threading.Timer(0.3, store.release, (holder.request_id, "holder"))
+    started = time.monotonic()
+    timer.start()
+    ended = holding.wait_in_worker(store, request, waiting, 30.0, LOG, threading.Event())
+    timer.join()
+    assert ended.granted and time.monotonic() - started < 25.0   # far from the 30 s poll (no timing claim)
+    assert polls == 2   # the first, at once; then the one the release's revision called for

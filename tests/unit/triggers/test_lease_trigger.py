@@ -146,7 +146,7 @@ def test_serialize_rebuilds_the_same_trigger(request_for: Request) -> None:
     assert classpath == "airflow_delta_occ.triggers.lease.DeltaLeaseTrigger"
     assert rebuilt.serialize() == (classpath, kwargs)
     assert kwargs == {"lease_conn_id": "delta_occ_leases", "request_id": "abc123", "owner": "waiter",
-                      "request": request.to_json(), "poll_interval": 3.5}
+                      "request": request.to_json(), "poll_interval": 3.5, "resume_ahead": None}
     assert LeaseRequest.from_json(kwargs["request"]) == request
 
 
@@ -219,3 +219,48 @@ def test_a_request_of_another_owner_is_refused(store: SqlLeaseStore, request_for
     payload = asyncio.run(_first_event(trigger))
     assert payload["status"] == "error" and "belongs to 'someone-else'" in payload["message"]
     assert store.records() == []
+
+
+def test_a_release_wakes_the_trigger_long_before_its_next_full_poll(
+        store: SqlLeaseStore, request_for: Request) -> None:
+    """Full polls every 60 s; the pool's revision (read every 0.25 s) brings the grant at once."""
+    holder = store.acquire(request_for("holder", "OPTIMIZE"))
+    request = request_for("waiter", "UPDATE", "country = 'DE'")
+    waiting = store.acquire(request)
+    timer = _release_later(store, holder.request_id, "holder", 0.5)
+    payload = asyncio.run(_first_event(_trigger(request, waiting.request_id, poll_interval=60.0), timeout=30.0))
+    timer.join()
+    assert payload["status"] == "granted" and payload["request_id"] == waiting.request_id
+
+
+def test_an_adaptive_trigger_sends_the_task_back_when_its_grant_is_near(
+        store: SqlLeaseStore, request_for: Request) -> None:
+    """The table's leases were held about 2 s each, and the holder was just granted: the grant is
+    expected within the trigger's 5 s, so it ends with ``near`` and the request keeps its place."""
+    for owner in ("old1", "old2"):
+        done = store.acquire(request_for(owner, "OPTIMIZE"))
+        time.sleep(0.2)
+        store.release(done.request_id, owner)
+    store.acquire(request_for("holder", "OPTIMIZE"))
+    request = request_for("waiter", "UPDATE", "country = 'DE'")
+    waiting = store.acquire(request)
+    trigger = DeltaLeaseTrigger(lease_conn_id="delta_occ_leases", request_id=waiting.request_id, owner="waiter",
+                                request=request.to_json(), poll_interval=0.05, resume_ahead=5.0)
+    assert DeltaLeaseTrigger(**trigger.serialize()[1]).resume_ahead == 5.0
+    payload = asyncio.run(_first_event(trigger))
+    assert payload["status"] == "near" and payload["request_id"] == waiting.request_id
+    assert 0 <= payload["expected"] <= 5.0
+    assert [r.owner for r in store.waiters()] == ["waiter"]   # still in line
+
+
+def test_a_trigger_without_resume_ahead_waits_for_the_grant_however_near(
+        store: SqlLeaseStore, request_for: Request) -> None:
+    done = store.acquire(request_for("old", "OPTIMIZE"))
+    store.release(done.request_id, "old")
+    holder = store.acquire(request_for("holder", "OPTIMIZE"))
+    request = request_for("waiter", "UPDATE", "country = 'DE'")
+    waiting = store.acquire(request)
+    timer = _release_later(store, holder.request_id, "holder", 0.5)
+    payload = asyncio.run(_first_event(_trigger(request, waiting.request_id)))
+    timer.join()
+    assert payload["status"] == "granted"

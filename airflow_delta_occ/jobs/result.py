@@ -124,6 +124,9 @@ class JobResult:
     dropped_source_rows: int = 0
     run_seconds: float = 0.0
     wait_seconds: float = 0.0
+    # the runner's steps, seconds: target_check, source_read, source_check, write (with in-job retries),
+    # find_commit; the provider's own work in the driver is every step but the write
+    phase_seconds: Mapping[str, float] = field(default_factory=dict)
     error: str | None = None
     error_type: str | None = None
     conflict: ConflictKind | None = None

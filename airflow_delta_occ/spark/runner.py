@@ -182,13 +182,24 @@ class Commit:
     """Made by this job (its version is past the one the job started from), not by an earlier try."""
 
 
+HISTORY_LOOKS = (10, 100)   # commits read to find the run's own: the newest few first, then further back
+
+
 def find_commit(session: Any, spec: JobSpec, after_version: int) -> Commit | None:
-    """The newest commit of this task run (any try) in the table's history, if there is one."""
-    for row in run_sql(session, f"DESCRIBE HISTORY {target_sql(spec)} LIMIT 100").collect():
-        if spec.run.tagged(row["userMetadata"]) and not _auto_compaction(row):
-            return Commit(version=int(row["version"]), operation=row["operation"],
-                          metrics=dict(row["operationMetrics"] or {}), user_metadata=row["userMetadata"],
-                          new=int(row["version"]) > after_version)
+    """The newest commit of this task run (any try) in the table's last 100 commits, if there is one.
+
+    Each commit read is a file read (an object-store request on S3): the newest ten are read first,
+    which finds a job's commit unless others committed many times since.
+    """
+    for limit in HISTORY_LOOKS:
+        rows = run_sql(session, f"DESCRIBE HISTORY {target_sql(spec)} LIMIT {limit}").collect()
+        for row in rows:
+            if spec.run.tagged(row["userMetadata"]) and not _auto_compaction(row):
+                return Commit(version=int(row["version"]), operation=row["operation"],
+                              metrics=dict(row["operationMetrics"] or {}), user_metadata=row["userMetadata"],
+                              new=int(row["version"]) > after_version)
+        if len(rows) < limit:   # the whole history was read
+            return None
     return None
 
 
@@ -215,7 +226,7 @@ def run_job(spark: Any, spec: JobSpec, *, sleep: Any = time.sleep) -> JobResult:
         ended = _failure(exc)
     conflicts = tuple(outcome.conflicts)
     app_id, ui_url = spark_application(spark)
-    return JobResult(spark_app_id=app_id, spark_ui_url=ui_url,
+    return JobResult(spark_app_id=app_id, spark_ui_url=ui_url, phase_seconds=dict(progress.phases),
                      table=spec.target.label, operation=spec.operation, condition=spec.condition_sql,
                      partition_filter=spec.partition_filter_sql, attempts=outcome.attempts, conflicts=conflicts,
                      run_seconds=round(time.monotonic() - started, 3),
@@ -232,6 +243,16 @@ class JobProgress:
 
     dropped_source_rows: int = 0
     openlineage_parent: OpenLineageParent | None = None
+    phases: dict[str, float] = field(default_factory=dict)   # seconds per step of the job, in order
+
+    @contextlib.contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        """Add the block's seconds to ``phase`` (the provider's own steps are told apart from the write)."""
+        began = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phases[phase] = round(self.phases.get(phase, 0.0) + time.monotonic() - began, 3)
 
 
 @dataclass(frozen=True)
@@ -302,21 +323,26 @@ def _run_pinned(session: Any, spec: JobSpec, outcome: RetryOutcome, progress: Jo
     if spec.idempotent and spec.operation in ("merge", "update", "delete"):
         session.conf.set(TXN_APP_ID_CONF, spec.run.app_id)
         session.conf.set(TXN_VERSION_CONF, str(TXN_VERSION))
-    before = _check_target(session, spec)
-    source = read_source(session, spec)
+    with progress.timed("target_check"):
+        before = _check_target(session, spec)
+    with progress.timed("source_read"):
+        source = read_source(session, spec)
     source_view = None
     if source is not None:
         source_view = f"delta_occ_source_{uuid.uuid4().hex}"
         source.createOrReplaceTempView(source_view)
-        source, progress.dropped_source_rows = confine_source(session, spec, source, source_view)
+        with progress.timed("source_check"):
+            source, progress.dropped_source_rows = confine_source(session, spec, source, source_view)
     try:
-        run_with_policies(lambda attempt: _execute_once(session, spec, source, source_view),
-                          policies_for(spec.operation, spec.retry_policies), outcome=outcome, sleep=sleep,
-                          what=spec.target.label)
+        with progress.timed("write"):
+            run_with_policies(lambda attempt: _execute_once(session, spec, source, source_view),
+                              policies_for(spec.operation, spec.retry_policies), outcome=outcome, sleep=sleep,
+                              what=spec.target.label)
     finally:
         if source_view is not None:
             session.catalog.dropTempView(source_view)
-    return find_commit(session, spec, int(before))
+    with progress.timed("find_commit"):
+        return find_commit(session, spec, int(before))
 
 
 def _private_session(spark: Any) -> Any:

@@ -34,7 +34,7 @@ class _History:
         return self
 
     def collect(self) -> list[dict[str, Any]]:
-        return self.rows
+        return self.rows[:int(self.statements[-1].rsplit("LIMIT ", 1)[1])]
 
 
 def _row(version: int, operation: str, metadata: str | None, auto: bool = False) -> dict[str, Any]:
@@ -52,7 +52,17 @@ def test_the_newest_commit_of_the_task_run_not_auto_compaction() -> None:
                            new=True)
     assert find_commit(history, SPEC, after_version=7) == Commit(7, "DELETE", {"numDeletedRows": "7"}, mine, False)
     assert find_commit(_History([_row(3, "WRITE", other)]), SPEC, after_version=0) is None
-    assert history.statements == ["DESCRIBE HISTORY delta.`/lake/t` LIMIT 100"] * 2
+    assert history.statements == ["DESCRIBE HISTORY delta.`/lake/t` LIMIT 10"] * 2   # found among the newest
+
+
+def test_a_commit_behind_ten_newer_ones_is_found_further_back_and_a_short_history_is_read_once() -> None:
+    mine = SPEC.run.user_metadata()
+    other = json.dumps({"airflow": {"dag_id": "d", "task_id": "other", "run_id": "r", "map_index": -1}})
+    history = _History([_row(v, "WRITE", other) for v in range(30, 12, -1)] + [_row(12, "DELETE", mine)])
+    assert find_commit(history, SPEC, after_version=11) == Commit(12, "DELETE", {"numDeletedRows": "12"}, mine, True)
+    assert history.statements == [f"DESCRIBE HISTORY delta.`/lake/t` LIMIT {n}" for n in (10, 100)]
+    short = _History([_row(2, "WRITE", other), _row(1, "WRITE", other)])
+    assert find_commit(short, SPEC, after_version=0) is None and len(short.statements) == 1
 
 
 def test_a_success_reports_the_commit_or_nothing() -> None:

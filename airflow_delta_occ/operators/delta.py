@@ -392,9 +392,9 @@ class DeltaBaseOperator(BaseOperator):
             if rule.where is not holding.WaitWhere.DEFERRED:
                 estimate = holding.WaitEstimate.read(store, request.table, self.log) \
                     if rule.where is holding.WaitWhere.ADAPTIVE and not came_back else None
-                self._warm_up()
                 waited = holding.wait_in_worker(store, request, state, self._poll_interval(deferred=False),
-                                                self.log, self._kill_requested, rule=rule, estimate=estimate)
+                                                self.log, self._kill_requested, rule=rule, estimate=estimate,
+                                                staying=self._warm_up)
                 if waited.granted:
                     lease = HeldLease(pool.name, waited.state.request_id, owner, waited.state.waited or 0.0,
                                       waited.waited_for)

@@ -129,7 +129,7 @@ class WaitRule:
         if forced is not None:
             check_worker_wait(pool, forced)
             return cls(WaitWhere.DEFERRED if forced else WaitWhere.WORKER, worker_wait)
-        if pool.max_writers is not None:
+        if pool.max_writers is not None or worker_wait <= 0:
             return cls(WaitWhere.DEFERRED, worker_wait)
         return cls(WaitWhere.ADAPTIVE, worker_wait, min(RESUME_AHEAD_SECONDS, worker_wait))
 
@@ -375,9 +375,12 @@ class WorkerWait:
 
 def wait_in_worker(store: LeaseStore, request: LeaseRequest, state: LeaseState, interval: float, log: Log,
                    stopped: threading.Event, *, rule: WaitRule | None = None, estimate: WaitEstimate | None = None,
-                   clock: Callable[[], float] = time.monotonic) -> WorkerWait:
+                   staying: Callable[[], None] | None = None, clock: Callable[[], float] = time.monotonic
+                   ) -> WorkerWait:
     """Drive ``LeaseWait`` in this thread until ``state``'s request is granted, or until ``rule`` (adaptive)
-    says to defer: the request then stays in line and the caller hands it to the trigger.
+    says to defer: the request then stays in line and the caller hands it to the trigger. ``staying`` is
+    called once, when the first poll finds the request waiting here (not deferring, not granted): the
+    caller starts what the job will need while it waits.
 
     Between full polls (every ``interval``, each the request's heartbeat) the pool's revision is read
     every ``WORKER_WAKE_SECONDS``; a change (a release, a grant) is polled at once, so a grant is seen
@@ -412,6 +415,9 @@ def wait_in_worker(store: LeaseStore, request: LeaseRequest, state: LeaseState, 
                              f"about {expected:.1f} s more expected" if expected is not None
                              else f"waited {clock() - began:.1f} s in the worker")
                     return WorkerWait(step.state, wait.waited_for(), expected)
+            if staying is not None and step.state is not None and not step.granted:
+                staying()
+                staying = None
         if stopped.is_set():
             raise JobKilledError(f"the task was killed while its lease request {wait.request_id} on "
                                  f"{request.table} waited; the request is cancelled")

@@ -63,6 +63,7 @@ def test_the_wait_rule_follows_the_task_then_airflow_then_adapts() -> None:
     assert rule(False, _pool(), default_deferrable=True).where is WaitWhere.WORKER   # the task's own choice wins
     adaptive = rule(None, _pool(), worker_wait=20.0)
     assert (adaptive.where, adaptive.worker_wait, adaptive.comes_back) == (WaitWhere.ADAPTIVE, 20.0, 5.0)
+    assert rule(None, _pool(), worker_wait=0.0).where is WaitWhere.DEFERRED   # worker_wait = 0: always deferred
     # A pool that limits writers: waiters in the worker would hold the slots granted writers need.
     assert rule(None, _pool(max_writers=2)).where is WaitWhere.DEFERRED
     assert rule(None, _pool(max_writers=2)).comes_back is None
@@ -122,9 +123,12 @@ def test_an_adaptive_worker_wait_hands_a_long_wait_to_the_triggerer_keeping_its_
     waiting = store.acquire(request)
     estimate = holding.WaitEstimate.read(store, "t")
     assert estimate.typical_hold == 100.0
+    warmed: list[str] = []
     ended = holding.wait_in_worker(store, request, waiting, 0.01, LOG, threading.Event(),
-                                   rule=holding.WaitRule(WaitWhere.ADAPTIVE), estimate=estimate)
+                                   rule=holding.WaitRule(WaitWhere.ADAPTIVE), estimate=estimate,
+                                   staying=lambda: warmed.append("warm"))
     assert not ended.granted and ended.expected == pytest.approx(100.0)
+    assert warmed == []   # deferring at once: no Spark session started for nothing
     assert ended.state.request_id == waiting.request_id   # still in line, for the trigger to take over
     assert [r.owner for r in store.waiters()] == ["waiter"] and store.holders()[0].request_id == holder.request_id
 
@@ -149,7 +153,10 @@ def test_a_worker_wait_sees_a_release_long_before_its_next_full_poll(request_for
     timer = threading.Timer(0.3, store.release, (holder.request_id, "holder"))
     started = time.monotonic()
     timer.start()
-    ended = holding.wait_in_worker(store, request, waiting, 30.0, LOG, threading.Event())
+    warmed: list[str] = []
+    ended = holding.wait_in_worker(store, request, waiting, 30.0, LOG, threading.Event(),
+                                   staying=lambda: warmed.append("warm"))
     timer.join()
+    assert warmed == ["warm"]   # once, while it waited
     assert ended.granted and time.monotonic() - started < 25.0   # far from the 30 s poll (no timing claim)
     assert polls == 2   # the first, at once; then the one the release's revision called for

@@ -7,7 +7,6 @@ the option, wherever it is used.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from typing import TYPE_CHECKING, Any, Literal
@@ -103,28 +102,24 @@ def worker_wait() -> float:
 
 
 def default_deferrable() -> bool | None:
-    """Airflow's ``[operators] default_deferrable`` when the user set it (environment or airflow.cfg), else
-    ``None``: the official providers' operators take it as their ``deferrable`` default, and a pooled
-    Delta task does too; left unset, the task waits adaptively (``pools.holding.WaitRule``).
+    """``True`` when Airflow's ``[operators] default_deferrable`` is set to True, else ``None``.
+
+    The official providers' operators take that option as their ``deferrable`` default, and a pooled
+    Delta task does too when it is True: every wait then defers. Its default, False, cannot be told
+    from a choice (Airflow 3 writes ``default_deferrable = false`` into every new airflow.cfg), so it
+    leaves the task's wait adaptive (``pools.holding.WaitRule``) rather than forcing every wait into
+    the worker; ``deferrable=False`` on a task does that.
 
     Raises:
-        ProviderConfigError: set, but not a boolean.
+        ProviderConfigError: not a boolean.
     """
-    import configparser
-
     from airflow.sdk import conf
 
-    variable = "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE"
-    in_file = False
-    with contextlib.suppress(configparser.Error, TypeError):
-        in_file = configparser.RawConfigParser.has_option(conf, "operators", "default_deferrable")
-    if not in_file and not any(os.environ.get(variable + tail) for tail in ("", "_CMD", "_SECRET")):
-        return None
     text = str(conf.get("operators", "default_deferrable", fallback="False")).strip().lower()
     if text in _TRUE:
         return True
     if text in _FALSE:
-        return False
+        return None
     raise ProviderConfigError(f"[operators] default_deferrable is {text!r}; expected True or False")
 
 

@@ -103,7 +103,7 @@ def get_provider_info() -> dict[str, Any]:
                     },
                     "worker_wait": {
                         "description": ("How a pooled Delta task waits for its lease when it sets no deferrable= "
-                                        "(and [operators] default_deferrable is not set): in the worker while "
+                                        "(and [operators] default_deferrable is not True): in the worker while "
                                         "the expected wait is at most this many seconds (it sees its grant "
                                         "within 50 ms and starts at once, holding its slot), deferred to the "
                                         "triggerer when it is longer (no slot held; the hand-over takes "

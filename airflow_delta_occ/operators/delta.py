@@ -114,8 +114,8 @@ class DeltaBaseOperator(BaseOperator):
     :param conflict_pool: a pool of the pool file (``[delta_occ] pool_file``): the job first takes a
         lease on its footprint from the pool's lease store, waiting in the triggerer while a
         conflicting job holds one, and the task runs in the pool's Airflow pool unless ``pool=`` is set.
-    :param deferrable: how a pooled task waits for its lease. ``None`` (default): Airflow's
-        ``[operators] default_deferrable`` when set, else adaptive: in the worker while the expected
+    :param deferrable: how a pooled task waits for its lease. ``None`` (default): deferred when
+        Airflow's ``[operators] default_deferrable`` is True, else adaptive: in the worker while the expected
         wait is at most ``[delta_occ] worker_wait`` seconds (30), deferred when it is longer, and back
         in a worker a few seconds before the grant is expected (a pool with ``max_writers`` always
         defers). ``True`` always defers to the triggerer (no worker slot held while it waits; the

@@ -120,7 +120,7 @@ class WaitRule:
     def of(cls, deferrable: bool | None, pool: Pool, *, default_deferrable: bool | None = None,
            worker_wait: float = WORKER_WAIT_SECONDS) -> WaitRule:
         """The rule for a task: its ``deferrable`` when set, else Airflow's ``[operators]
-        default_deferrable`` when the user set it (``default_deferrable``), else adaptive.
+        default_deferrable`` when it forces one (``config.default_deferrable``: True), else adaptive.
 
         Raises:
             PoolConfigError: a wait forced into the worker in a pool that limits its writers.

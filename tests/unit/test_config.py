@@ -78,14 +78,14 @@ def test_worker_wait_is_seconds_from_zero_to_a_day(monkeypatch):
             config.worker_wait()
 
 
-def test_airflows_default_deferrable_counts_only_when_the_user_set_it(monkeypatch):
+def test_airflows_default_deferrable_forces_deferral_only_when_true(monkeypatch):
+    """Airflow 3 writes ``default_deferrable = false`` into every new airflow.cfg: False (or unset) cannot
+    be told from its default, so it leaves waits adaptive; True makes every wait defer."""
     from airflow_delta_occ import config
 
-    for name in ("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE_CMD",
-                 "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE_SECRET"):
-        monkeypatch.delenv(name, raising=False)
-    assert config.default_deferrable() is None   # Airflow's own default (False) does not force worker waits
+    monkeypatch.delenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", raising=False)
+    assert config.default_deferrable() is None
     monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", "true")
     assert config.default_deferrable() is True
     monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", "False")
-    assert config.default_deferrable() is False
+    assert config.default_deferrable() is None

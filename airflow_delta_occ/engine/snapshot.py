@@ -511,7 +511,8 @@ class Snapshot:
         """
         listing = self.log.listing()
         latest = listing.latest_version
-        assert latest is not None
+        if latest is None:   # the table is gone: the full load says so (TableNotFoundError)
+            return self.log._load(listing, None)
         if latest == self.version:
             return self
         new_versions = range(self.version + 1, latest + 1)

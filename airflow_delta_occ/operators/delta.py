@@ -398,7 +398,7 @@ class DeltaBaseOperator(BaseOperator):
                 if waited.granted:
                     lease = HeldLease(pool.name, waited.state.request_id, owner, waited.state.waited or 0.0,
                                       waited.waited_for)
-                    return self._run_granted(context, store, pool, lease, started)
+                    return self._run_granted(context, store, pool, lease, started, earlier=prepared)
                 state = waited.state
         finally:
             store.close()
@@ -427,7 +427,7 @@ class DeltaBaseOperator(BaseOperator):
         threading.Thread(target=warm, name="delta-occ-warm-up", daemon=True).start()
 
     def _run_granted(self, context: Any, store: LeaseStore, pool: Pool, lease: HeldLease,
-                     started: float) -> JobResult:
+                     started: float, earlier: PreparedJob | None = None) -> JobResult:
         """Run the job with a lease granted after a wait: plan it again (the table may have moved while it
         waited), renew the lease (its TTL ran since the grant: one that expired meanwhile is asked for
         again from scratch), then run it. Whatever fails or kills the task before the job starts gives
@@ -438,7 +438,7 @@ class DeltaBaseOperator(BaseOperator):
         """
         self._held_lease = (lease.request_id, lease.owner)   # on_kill releases it from here on
         try:
-            prepared = self.prepare(context)
+            prepared = self.prepare(context, earlier=earlier)
             pooled_table(pool, prepared.location)  # a table_name may now resolve elsewhere
             if self._kill_requested.is_set():
                 raise JobKilledError(f"the task was killed after its lease {lease.request_id} was granted, "
@@ -504,8 +504,9 @@ class DeltaBaseOperator(BaseOperator):
                 store.close()
         super().on_kill()
 
-    def prepare(self, context: Any) -> PreparedJob:
-        """Read the table's snapshot (no Spark), build the job and plan what it reads.
+    def prepare(self, context: Any, earlier: PreparedJob | None = None) -> PreparedJob:
+        """Read the table's snapshot (no Spark), build the job and plan what it reads. Given the job as
+        prepared ``earlier`` in this try (before a wait for its lease), only the commits since are read.
 
         Raises:
             TableNotFoundError: before Spark starts; JobSpecError: the job cannot be built.
@@ -515,7 +516,10 @@ class DeltaBaseOperator(BaseOperator):
 
         self._inject_openlineage_properties(context)
         location = self._location()
-        snapshot = DeltaLog.for_table(location, credentials=self.hook.credentials_for(location)).snapshot()
+        if earlier is not None and earlier.location == location:
+            snapshot = earlier.snapshot.update()
+        else:
+            snapshot = DeltaLog.for_table(location, credentials=self.hook.credentials_for(location)).snapshot()
         spec = self.build_spec(snapshot, self._run_identity(context))
         # Before any lease or Spark: the job's storage settings, and the refusal of commits that S3
         # could lose.

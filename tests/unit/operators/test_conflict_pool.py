@@ -389,12 +389,12 @@ def test_in_the_worker_a_kill_between_the_grant_and_the_job_releases_the_lease_a
     plans = 0
     prepare = op.prepare
 
-    def prepare_then_kill(context: Any) -> Any:
+    def prepare_then_kill(context: Any, **kwargs: Any) -> Any:
         nonlocal plans
         plans += 1
         if plans == 2:   # the re-plan after the grant: SIGTERM arrives meanwhile
             op.on_kill()
-        return prepare(context)
+        return prepare(context, **kwargs)
 
     monkeypatch.setattr(op, "prepare", prepare_then_kill)
 

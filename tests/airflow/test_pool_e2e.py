@@ -193,7 +193,9 @@ def airflow(tmp_path_factory: pytest.TempPathFactory,
     gate.mkdir()
     home.mkdir()
     pools = work / "pools.toml"
-    pools.write_text(f'[pools.e2e]\ntables = ["{lake}/pooled"]\nlease_ttl = "60s"\nheartbeat = "2s"\n\n'
+    # A lease granted in the triggerer runs its TTL while its task waits for one of the four slots: when
+    # a release grants five waiters at once on a busy machine, the fifth waited 58 s (a 60 s TTL lapsed).
+    pools.write_text(f'[pools.e2e]\ntables = ["{lake}/pooled"]\nlease_ttl = "180s"\nheartbeat = "2s"\n\n'
                      f'[pools.e2e_kill]\ntables = ["{lake}/kill"]\nlease_ttl = "{KILL_TTL:.0f}s"\n'
                      f'heartbeat = "{KILL_HEARTBEAT:.0f}s"\n')
     lease_url = postgres_server.create_database("pool_e2e")

@@ -428,17 +428,17 @@ def _history_of_holds(store: SqlLeaseStore, path: str, snapshot: Snapshot, secon
     """Two earlier leases on the table, each held ``seconds``, written on a store whose clock is set back."""
     from airflow_delta_occ.pools.config import normalize_table
 
-    now = time.time()
+    moment = [time.time() - 1000.0]
     for n in range(2):
-        moment = now - 1000.0 + n * (seconds + 1)
-        clocked = SqlLeaseStore(str(store.engine.url), clock=lambda: moment)
+        clocked = SqlLeaseStore(str(store.engine.url), clock=lambda: moment[0])
         try:
             request = LeaseRequest.of(pool="sales", table=normalize_table(path), owner=f"old{n}",
                                       footprint=plan_footprint(snapshot, "OPTIMIZE"),
                                       table_state=TableState.of(snapshot), ttl=1e6)
             state = clocked.acquire(request)
-            moment += seconds
+            moment[0] += seconds
             clocked.release(state.request_id, f"old{n}")
+            moment[0] += 1.0
         finally:
             clocked.close()
 

@@ -121,7 +121,7 @@ class DeltaBaseOperator(BaseOperator):
         defers). ``True`` always defers to the triggerer (no worker slot held while it waits; the
         hand-over costs the trigger, the scheduler and a new task process, seconds); ``False`` always
         waits in the worker, which sees its grant within 50 ms and starts its job at once (it holds
-        its slot meanwhile). See docs/conflict-pools.md, "Where a task waits".
+        its slot meanwhile). See docs/pools.md, "Where a task waits".
     :param lease_poll_interval: seconds between full polls of the lease store while waiting (each
         is the request's heartbeat); default 2 s deferred, 0.5 s in the worker. A grant is noticed
         sooner: the pool's revision is read every 50 ms in the worker, 0.25 s in the triggerer.

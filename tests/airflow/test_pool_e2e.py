@@ -388,13 +388,12 @@ def test_pooled_run_waiting_tasks_waited_where_the_adaptive_rule_says(airflow: d
         assert [e.request_id for e in asked] == [lease["request_id"]], (task, asked)   # one request, kept
         if lease["waited"] < WORKER_WAIT + 2:
             continue   # a short wait may end in the worker or just after it deferred
-        # A long wait began in the worker, then moved to the triggerer.
-        assert "waiting deferred from here" in log, (task, log[-2000:])
-        deferred = sampler.seen(task, "deferred")
-        assert deferred, f"{task} waited {lease['waited']} s for {lease['waited_for']} but was never seen deferred"
-        # While it was deferred, it ran nowhere: no running sample falls inside its deferral.
-        running = sampler.seen(task, "running")
-        assert not [t for t in running if min(deferred) < t < max(deferred)], (task, deferred, running)
+        # A long wait began in the worker, then moved to the triggerer (and may have come back to a
+        # worker when its grant looked near, and moved again): every deferral was the rule's choice.
+        deferrals = log.count("Pausing task as DEFERRED")
+        assert deferrals >= 1 and log.count("waiting deferred from here") == deferrals, (task, log[-3000:])
+        assert sampler.seen(task, "deferred"), \
+            f"{task} waited {lease['waited']} s for {lease['waited_for']} but was never seen deferred"
     assert any(lease["waited"] >= WORKER_WAIT + 2 for lease in waited.values()), waited   # not vacuous
     # Nobody was dropped from the line on the way (a waiter that stops polling is abandoned).
     assert not [e for e in events if e.kind in (AuditKind.ABANDON, AuditKind.EXPIRE, AuditKind.CANCEL)

@@ -8,7 +8,6 @@ virtualenv, logs in a folder the failure message names, stopped (SIGTERM, then S
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -18,24 +17,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from airflow_delta_occ.demo import free_port
+from airflow_delta_occ.spark.connect_server import STARTUP_SECONDS, launcher_env, local_connect_server
 
 BIN = Path(sys.executable).parent
-STARTUP_SECONDS = 180
-CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
-
-
-def spark_home() -> str:
-    import pyspark
-
-    return str(Path(pyspark.__file__).parent)
 
 
 def spark_env(logs: Path) -> dict[str, str]:
     """Environment for Spark's launchers and for SparkSubmitHook (which runs ``spark-submit`` from PATH)."""
-    return {**os.environ, "SPARK_HOME": spark_home(), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(logs),
-            "SPARK_WORKER_DIR": str(logs), "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-            "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    return launcher_env(logs)
 
 
 def get_json(url: str) -> Any:
@@ -72,20 +61,10 @@ def spawn(args: list[str], env: Mapping[str, str], log: Path) -> subprocess.Pope
 
 @contextmanager
 def connect_server(logs: Path, confs: Mapping[str, str]) -> Iterator[dict[str, Any]]:
-    """A Spark Connect server (``local[2]``) with ``confs`` (delta-spark's, and any test LogStore).
+    """A Spark Connect server (``local[2]``) with ``confs`` (delta-spark's, and any test LogStore): the
+    package's ``local_connect_server``, which ``make demo`` runs too.
 
-    Yields ``{"url": "sc://127.0.0.1:PORT", "ui": UI_PORT, "logs": logs}``.
+    Yields ``{"url": "sc://127.0.0.1:PORT", "ui": UI_PORT, "logs": logs}`` (``ui`` None with the UI off).
     """
-    port, ui = free_port(), free_port()
-    settings = {**confs, "spark.connect.grpc.binding.address": "127.0.0.1",
-                "spark.connect.grpc.binding.port": str(port), "spark.ui.port": str(ui)}
-    args = [str(BIN / "spark-submit"), "--class", CONNECT_SERVER_CLASS, "--master", "local[2]"]
-    for key, value in settings.items():
-        args += ["--conf", f"{key}={value}"]
-    server = spawn([*args, "spark-internal"], spark_env(logs), logs / "server.log")
-    try:
-        wait_for(lambda: "Spark Connect server started" in (logs / "server.log").read_text(),
-                 "the Spark Connect server", logs, [server])
-        yield {"url": f"sc://127.0.0.1:{port}", "ui": ui, "logs": logs}
-    finally:
-        stop(server)
+    with local_connect_server(logs, confs) as server:
+        yield {"url": server.url, "ui": server.ui_port, "logs": logs}

@@ -146,11 +146,14 @@ def airflow_cli(env: Mapping[str, str], *args: str, timeout: float = 300.0) -> s
 
 @dataclass(frozen=True)
 class DagRunOutcome:
-    """How a DAG run ended: its state, its task instances (the CLI's JSON rows) and its ``run_after``."""
+    """How a DAG run ended: its state, its task instances (the CLI's JSON rows), its ``run_after``, and
+    ``seconds`` from the trigger (the ``airflow dags trigger`` command starting) to the end (the watcher
+    seeing the run finished, within POLL_SECONDS)."""
 
     state: str
     tasks: list[dict[str, Any]]
     run_after: str | None
+    seconds: float | None = None
 
 
 def run_dag(env: Mapping[str, str], work: Path, dag_id: str, run_id: str, *, timeout: float = 900.0,
@@ -205,6 +208,7 @@ def run_dag(env: Mapping[str, str], work: Path, dag_id: str, run_id: str, *, tim
             time.sleep(1)
         say(f"Airflow is up and has parsed {dag_id}")
         airflow_cli(env, "dags", "unpause", dag_id)
+        triggered = time.monotonic()
         airflow_cli(env, "dags", "trigger", dag_id, "-r", run_id)
         say(f"triggered run '{run_id}' (manual, no logical date)")
         while True:
@@ -213,11 +217,12 @@ def run_dag(env: Mapping[str, str], work: Path, dag_id: str, run_id: str, *, tim
             runs = query(db, "SELECT state, run_after FROM dag_run WHERE dag_id = ? AND run_id = ?", dag_id, run_id)
             tasks = task_instances(db, dag_id, run_id)
             if runs and runs[0]["state"] in ("success", "failed"):
+                seconds = time.monotonic() - triggered
                 break
             say(task_states_line(tasks), repeat=_still_line(tasks))
         state, run_after = str(runs[0]["state"]), runs[0]["run_after"]
         say(f"run {state}: {task_states_line(tasks)}")
-        return DagRunOutcome(state=state, tasks=tasks, run_after=_iso(run_after))
+        return DagRunOutcome(state=state, tasks=tasks, run_after=_iso(run_after), seconds=round(seconds, 1))
 
 
 def task_instances(db: Path, dag_id: str, run_id: str) -> list[dict[str, Any]]:

@@ -2,8 +2,9 @@
 
 Sets up what a platform team sets up (a pool file with the pool ``demo`` covering the demo's lake, a
 SQLite lease store named by the ``delta_occ_leases`` connection, the pool's Airflow pool through
-``airflow delta-occ pools sync``), runs the DAG once under a real scheduler, and gathers what the
-parts recorded: the task instances, each task's result (XCom), the pool's audit and the table.
+``airflow delta-occ pools sync``, a Spark Connect server named by the ``delta_occ_default``
+connection), runs the DAG once under a real scheduler, and gathers what the parts recorded: the task
+instances, each task's result (XCom), the pool's audit and the table.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from airflow_delta_occ.pools.story import PoolStory
 
 from .airflow_run import DagRunOutcome, Progress, airflow_cli, airflow_env, run_dag
 from .metadata import xcom
+from .spark_server import DemoSpark, demo_spark
 
 DAG_ID = "delta_conflict_pool"
 DAG_FILE = f"{DAG_ID}.py"
@@ -37,8 +39,9 @@ def check_dags_folder(dags_folder: Path | str) -> Path:
     return folder
 
 
-def demo_env(work: Path, dags_folder: Path | str) -> dict[str, str]:
-    """The throwaway installation: Airflow home, lake, pool file and lease store all under ``work``."""
+def demo_env(work: Path, dags_folder: Path | str, spark: DemoSpark | None = None) -> dict[str, str]:
+    """The throwaway installation: Airflow home, lake, pool file and lease store all under ``work``; the
+    provider's jobs run where ``spark`` says (embedded without it)."""
     lake = work / "lake"
     pools = work / "pools.toml"
     # ``sales`` serves the other example DAGs of the folder (delta_conflict_sensor names it): without
@@ -52,12 +55,14 @@ def demo_env(work: Path, dags_folder: Path | str) -> dict[str, str]:
     leases = json.dumps({"conn_type": "delta_occ_leases", "extra": {"url": f"sqlite:///{work / 'leases.db'}"}})
     return airflow_env(work / "airflow", check_dags_folder(dags_folder), DELTA_OCC_DEMO_ROOT=str(lake),
                        DELTA_OCC_DEMO_POOL=POOL, AIRFLOW__DELTA_OCC__POOL_FILE=str(pools),
-                       AIRFLOW_CONN_DELTA_OCC_LEASES=leases, AIRFLOW__CORE__PARALLELISM=str(PARALLELISM))
+                       AIRFLOW_CONN_DELTA_OCC_LEASES=leases, AIRFLOW__CORE__PARALLELISM=str(PARALLELISM),
+                       **(spark.connection_env() if spark is not None else {}))
 
 
 @dataclass(frozen=True)
 class DemoRun:
-    """What one demo run left: the DAG run, each Delta task's result, the pool's story and the table."""
+    """What one demo run left: the DAG run, each Delta task's result, the pool's story, the table and
+    where Spark ran."""
 
     outcome: DagRunOutcome
     table: str
@@ -66,16 +71,23 @@ class DemoRun:
     story: PoolStory
     checked: dict[str, list[float]] | None   # check_table's rows and sum per country
     work: Path
+    spark: DemoSpark
 
 
-def run_demo(work: Path, *, dags_folder: Path | str, timeout: float = 1500.0,
+def run_demo(work: Path, *, dags_folder: Path | str, spark: str = "connect", timeout: float = 1500.0,
              progress: Progress | None = None) -> DemoRun:
-    """Set the installation up, run the DAG once under the scheduler, and gather what it recorded."""
-    env = demo_env(work, dags_folder)
-    (work / "airflow").mkdir(parents=True, exist_ok=True)
-    airflow_cli(env, "db", "migrate")
-    airflow_cli(env, "delta-occ", "pools", "sync")
-    outcome = run_dag(env, work, DAG_ID, RUN_ID, timeout=timeout, progress=progress)
+    """Set the installation up, run the DAG once under the scheduler, and gather what it recorded.
+
+    ``spark="connect"`` (the default) starts one local Spark Connect server first, which every task's
+    job shares, and stops it at the end; ``"embedded"`` lets each task start its own Spark session.
+    """
+    check_dags_folder(dags_folder)
+    with demo_spark(spark, work / "spark", progress=progress) as where:
+        env = demo_env(work, dags_folder, where)
+        (work / "airflow").mkdir(parents=True, exist_ok=True)
+        airflow_cli(env, "db", "migrate")
+        airflow_cli(env, "delta-occ", "pools", "sync")
+        outcome = run_dag(env, work, DAG_ID, RUN_ID, timeout=timeout, progress=progress)
     db = work / "airflow" / "airflow.db"
     results: dict[str, JobResult] = {}
     leases: dict[str, str] = {}
@@ -97,7 +109,7 @@ def run_demo(work: Path, *, dags_folder: Path | str, timeout: float = 1500.0,
         story = PoolStory.from_audit(store.history(pool=POOL, limit=100_000))
     finally:
         store.close()
-    return DemoRun(outcome, str(work / "lake" / "orders"), results, leases, story, checked, work)
+    return DemoRun(outcome, str(work / "lake" / "orders"), results, leases, story, checked, work, where)
 
 
 def task_rows(run: DemoRun) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 from pathlib import Path
@@ -149,8 +150,8 @@ WRITERS = {"merge_de", "fix_de", "merge_fr", "purge_it", "compact_es", "append_e
 
 def test_the_demo_runs_the_writers_in_a_conflict_pool_under_the_scheduler(tmp_path: Path) -> None:
     """``make demo``'s path: a real scheduler (LocalExecutor), triggerer and SQLite lease store run six writers
-    at once; the pool holds back only the one that conflicts, nothing raises a conflict, the table is exact,
-    and the summary tells it."""
+    at once on one local Spark Connect server; the pool holds back only the one that conflicts, nothing raises
+    a conflict, the table is exact, the summary tells it, and the server is stopped afterwards."""
     from airflow_delta_occ.demo import run_demo
     from airflow_delta_occ.demo.summary import render
 
@@ -158,6 +159,14 @@ def test_the_demo_runs_the_writers_in_a_conflict_pool_under_the_scheduler(tmp_pa
     assert run.outcome.state == "success", f"see {tmp_path / 'airflow-standalone.log'}"
     states = {t["task_id"]: (t["state"], int(t.get("try_number") or 1)) for t in run.outcome.tasks}
     assert states == {t: ("success", 1) for t in {*WRITERS, "seed_table", "check_table"}}
+    assert run.outcome.seconds is not None and run.outcome.seconds > 0
+
+    # Every writer's job ran in the one server's Spark application, and the server did not outlive the demo.
+    assert run.spark.mode == "connect" and run.spark.url and run.spark.pid is not None
+    applications = {r.spark_app_id for r in run.results.values()}
+    assert len(applications) == 1 and None not in applications, run.results
+    with pytest.raises(ProcessLookupError):
+        os.kill(run.spark.pid, 0)
 
     # Each writer held a lease of the pool. The only pair that can conflict (both rewrite DE) never held
     # leases together: the one that asked second waited for the other (the six start together, so it

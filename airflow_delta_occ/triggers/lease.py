@@ -23,6 +23,12 @@ with ``execute_complete(context, event=...)`` where ``event`` is one of:
 Between full polls the trigger reads the pool's revision every ``DEFERRED_WAKE_SECONDS`` (one cheap read
 without the pool's lock) and polls at once when it moved, so a grant is seen within that time.
 
+An event is never sent sooner than ``SETTLE_SECONDS`` after the trigger started. Airflow 3.3 (apache/airflow
+#72716, fixes open as #72767 and #71579) fails a task whose trigger fires so soon after the deferral that
+the resumed try is running before the scheduler has read the deferring process's exit: it takes that
+stale exit for the resumed try's and marks the task for retry. An adaptive wait that defers just as its
+holder releases met exactly that in the demo; waiting out the first seconds costs only such waits.
+
 The triggerer must not load pyarrow or Spark for every trigger it runs: the store, the request types
 and the engine they import are loaded inside ``run()``, in a thread. Connections are read with
 ``BaseHook.aget_connection`` (in the triggerer, through its supervisor; there is no metadata
@@ -48,6 +54,8 @@ from airflow_delta_occ.pools.holding import DEFERRED_WAKE_SECONDS, LeaseWait, Lo
 if TYPE_CHECKING:
     from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
     from airflow_delta_occ.pools.requests import LeaseRequest
+
+SETTLE_SECONDS = 3.0   # no event sooner than this after the trigger starts (see the module docstring)
 
 
 class DeltaLeaseTrigger(BaseTrigger):
@@ -80,7 +88,12 @@ class DeltaLeaseTrigger(BaseTrigger):
                  "request": self.request, "poll_interval": self.poll_interval, "resume_ahead": self.resume_ahead})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        yield TriggerEvent(await self.wait_for_grant())  # type: ignore[no-untyped-call]  # untyped in Airflow
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        payload = await self.wait_for_grant()
+        # A granted lease stays this owner's: its TTL runs from the poll that reported the grant.
+        await asyncio.sleep(max(0.0, started + SETTLE_SECONDS - loop.time()))
+        yield TriggerEvent(payload)  # type: ignore[no-untyped-call]  # untyped in Airflow
 
     async def wait_for_grant(self) -> dict[str, Any]:
         """Poll until granted (asking again when the request is gone); the event payload.

@@ -30,6 +30,7 @@ from airflow.triggers.base import TriggerEvent
 from airflow_delta_occ.pools.holding import MAX_FAILURES
 from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
 from airflow_delta_occ.pools.requests import AuditKind, LeaseRequest, LeaseState, LeaseStatus
+from airflow_delta_occ.triggers import lease as lease_trigger
 from airflow_delta_occ.triggers.lease import DeltaLeaseTrigger
 
 from ..pools import contract
@@ -39,6 +40,12 @@ table = contract.table               # fixtures: a hand-written Delta log and re
 request_for = contract.request_for
 
 pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(autouse=True)
+def _no_settling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trigger's first seconds are waited out in one test of its own; the others need not wait."""
+    monkeypatch.setattr(lease_trigger, "SETTLE_SECONDS", 0.0)
 
 
 def _connection(monkeypatch: pytest.MonkeyPatch, conn_id: str, extra: dict[str, Any]) -> None:
@@ -264,3 +271,16 @@ def test_a_trigger_without_resume_ahead_waits_for_the_grant_however_near(
     payload = asyncio.run(_first_event(_trigger(request, waiting.request_id)))
     timer.join()
     assert payload["status"] == "granted"
+
+
+def test_no_event_is_sent_sooner_than_the_settling_seconds_after_the_trigger_starts(
+        store: SqlLeaseStore, request_for: Request, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Airflow 3.3 fails a task whose trigger fires before the scheduler has read the deferring process's
+    exit (apache/airflow#72716): a request granted at once still waits out the first seconds."""
+    monkeypatch.setattr(lease_trigger, "SETTLE_SECONDS", 1.5)
+    request = request_for("waiter", "UPDATE", "country = 'DE'")
+    granted = store.acquire(request)
+    assert granted.granted
+    started = time.monotonic()
+    payload = asyncio.run(_first_event(_trigger(request, granted.request_id)))
+    assert payload["status"] == "granted" and time.monotonic() - started >= 1.5

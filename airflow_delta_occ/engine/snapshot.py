@@ -511,7 +511,7 @@ class Snapshot:
         """
         listing = self.log.listing()
         latest = listing.latest_version
-        if latest is None:   # the table is gone: the full load says so (TableNotFoundError)
+        if latest is None or latest < self.version:   # gone (the load says so) or made anew: load it whole
             return self.log._load(listing, None)
         if latest == self.version:
             return self

@@ -17,7 +17,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowSkipException
+from airflow.sdk.exceptions import AirflowSkipException, TaskDeferred
 
 from airflow_delta_occ import config
 from airflow_delta_occ.exceptions import (
@@ -26,6 +26,7 @@ from airflow_delta_occ.exceptions import (
     ConflictSkipped,
     JobKilledError,
     JobSpecError,
+    LeaseError,
     LeaseLostError,
     LeaseStoreError,
     PoolConfigError,
@@ -112,7 +113,7 @@ class DeltaBaseOperator(BaseOperator):
         ``{"ConcurrentAppendException": {"max_attempts": 8}, "ConcurrentDeleteDeleteException": "skip"}``.
     :param delta_conn_id: the ``delta_occ`` connection (mode, Spark connection); optional.
     :param conflict_pool: a pool of the pool file (``[delta_occ] pool_file``): the job first takes a
-        lease on its footprint from the pool's lease store, waiting in the triggerer while a
+        lease on its footprint from the pool's lease store, waiting (see ``deferrable``) while a
         conflicting job holds one, and the task runs in the pool's Airflow pool unless ``pool=`` is set.
     :param deferrable: how a pooled task waits for its lease. ``None`` (default): deferred when
         Airflow's ``[operators] default_deferrable`` is True, else adaptive: in the worker while the expected
@@ -206,7 +207,8 @@ class DeltaBaseOperator(BaseOperator):
         self.storage_conn_id = storage_conn_id
         self.openlineage_inject_parent_job_info = openlineage_inject_parent_job_info
         self.openlineage_inject_transport_info = openlineage_inject_transport_info
-        self._held_lease: tuple[str, str] | None = None  # (request id, owner) while a job runs with a lease
+        # (request id, owner) of the lease (or resumed request) this try gives back if killed
+        self._held_lease: tuple[str, str] | None = None
         self._lineage: DeltaJobLineage | None = None  # what the run wrote, for OpenLineage
         # The OpenLineage properties this try hands to its Spark job, kept apart from the author's
         # spark_conf: the provider's helper keeps parent properties already present, so writing them
@@ -346,9 +348,23 @@ class DeltaBaseOperator(BaseOperator):
                           float(event.get("expected") or 0.0))
             started = time.monotonic()
             self._kill_requested = threading.Event()
-            return self._lease_and_run(context, self.prepare(context), started, came_back=True).to_dict()
+            owner, request_id = lease_owner(context), str(event.get("request_id") or "")
+            self._held_lease = (request_id, owner) if request_id else None   # on_kill gives its place back
+            try:
+                return self._lease_and_run(context, self.prepare(context), started, came_back=True).to_dict()
+            except TaskDeferred:
+                raise   # the request moves to the trigger again, in its place
+            except BaseException:
+                # Failed before a wait or a lease took the request over (a plan that fails, the store):
+                # its place is given back now rather than held until its TTL.
+                self._cancel_request(owner, request_id)
+                raise
+            finally:
+                self._held_lease = None
         if not event or event.get("status") != "granted":
             message = (event or {}).get("message") or f"unexpected lease trigger event {event!r}"
+            if event and event.get("request_id"):   # the trigger gave up: its request keeps no place
+                self._cancel_request(lease_owner(context), str(event["request_id"]))
             raise LeaseStoreError(f"conflict pool {self.conflict_pool!r}: waiting for a lease failed: {message}")
         started = time.monotonic()
         self._kill_requested = threading.Event()
@@ -385,7 +401,7 @@ class DeltaBaseOperator(BaseOperator):
                 lease = HeldLease(pool.name, state.request_id, owner, state.waited or 0.0, [])
                 if state.record is not None and (state.record.granted_at or 0.0) < state.checked_at:
                     # granted before this call (while the task came back from the triggerer): renew first
-                    return self._run_granted(context, store, pool, lease, started)
+                    return self._run_granted(context, store, pool, lease, started, earlier=prepared)
                 return self._run_leased(store, pool, lease, prepared, started)
             self.log.info("conflict pool %s: lease request %s on %s waits for %s (waiting: %s)", pool.name,
                           state.request_id, request.table, holding.describe_wait(state), rule.where.value)
@@ -409,6 +425,21 @@ class DeltaBaseOperator(BaseOperator):
                                              poll_interval=self._poll_interval(deferred=True),
                                              resume_ahead=rule.comes_back),
                    method_name="execute_complete", timeout=None)
+
+    def _cancel_request(self, owner: str, request_id: str) -> None:
+        """Give up ``request_id`` (a wait this try no longer pursues); never raises (it expires anyway)."""
+        if not request_id:
+            return
+        try:
+            store = self._lease_store()
+        except LeaseError as exc:
+            self.log.warning("could not cancel lease request %s of %s (it is abandoned after its TTL): %s",
+                             request_id, owner, exc)
+            return
+        try:
+            holding.cancel_requests(store, owner, {request_id}, table=None, log=self.log)
+        finally:
+            store.close()
 
     def _wait_rule(self, pool: Pool) -> holding.WaitRule:
         """Where this task waits for its lease (``deferrable``, Airflow's default, or adaptive)."""

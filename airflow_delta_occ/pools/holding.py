@@ -173,9 +173,16 @@ class WaitEstimate:
 
     @classmethod
     def read(cls, store: LeaseStore, table: str, log: Log | None = None) -> WaitEstimate:
-        """The estimate for ``table``; unknown when the audit cannot be read (the wait goes on regardless)."""
+        """The estimate for ``table``; unknown when the audit cannot be read (the wait goes on regardless).
+
+        Only grants and releases are read: renewals (a long hold writes many) would push a long hold's
+        grant out of the window and bias the typical hold short.
+        """
+        from airflow_delta_occ.pools.requests import AuditKind
+
         try:
-            return cls.from_history(store.history(table=table, limit=HISTORY_READ))
+            return cls.from_history(store.history(table=table, limit=HISTORY_READ,
+                                                  kinds=(AuditKind.GRANT, AuditKind.RELEASE)))
         except LeaseError as exc:
             if log is not None:
                 log.warning("could not read the lease audit of %s to estimate the wait: %s", table, exc)
@@ -295,7 +302,8 @@ class LeaseWait:
         """Whether the pool moved since the last poll (one cheap read, no lock): a release, a grant, a
         renewal. Polling only then lets a waiter check often. A failed read counts as a change, so the
         poll that follows meets the failure and counts it."""
-        return self._revision(store) != self.revision
+        now = self._revision(store)
+        return now is None or now != self.revision
 
     def _revision(self, store: LeaseStore) -> int | None:
         try:
@@ -308,7 +316,8 @@ class LeaseWait:
         not seen before (a store failure leaves the estimate unknown)."""
         if estimate.typical_hold is None:
             return None
-        if any(b.granted and str(b.request_id) not in self._granted_at for b in state.blockers):
+        # A blocker first seen waiting is known with no grant time: read again once it is granted.
+        if any(b.granted and self._granted_at.get(str(b.request_id)) is None for b in state.blockers):
             try:
                 self._granted_at = granted_times(store, self.request.table)
             except LeaseError:

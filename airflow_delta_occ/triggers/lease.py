@@ -14,7 +14,8 @@ with ``execute_complete(context, event=...)`` where ``event`` is one of:
   "blockers_seen": [{"request_id", "owner", "reason"}, ...], "reacquired": n}``: the lease is held
   from the grant on, and its TTL runs: the resumed task must start renewing it within the TTL;
 * ``{"status": "near", "request_id", "expected": seconds, "blockers_seen", "reacquired"}`` (only with
-  ``resume_ahead``): the grant is expected within ``resume_ahead`` seconds; the request keeps its place
+  ``resume_ahead``): only leases already held block the request, and the grant is expected within
+  ``resume_ahead`` seconds; the request keeps its place
   and the task resumes to wait the rest in a worker, so its start overlaps the holder's last seconds
   (an adaptive wait, ``pools.holding.WaitRule``);
 * ``{"status": "error", "request_id", "message"}``: the connection names no usable store, the request
@@ -124,7 +125,10 @@ class DeltaLeaseTrigger(BaseTrigger):
                             step = wait.failed(exc)   # counted as a failed poll; raises at the limit
                     if store is not None:
                         step = await asyncio.to_thread(wait.poll, store)
-                        if self.resume_ahead is not None and step.state is not None and not step.granted:
+                        # Back to a worker only when nobody waits ahead of it: each request ahead
+                        # waits for others the estimate does not see.
+                        if self.resume_ahead is not None and step.state is not None and not step.granted \
+                                and all(b.granted for b in step.state.blockers):
                             if estimate is None:
                                 estimate = await asyncio.to_thread(WaitEstimate.read, store, request.table, self.log)
                             expected = await asyncio.to_thread(wait.expected, store, step.state, estimate)

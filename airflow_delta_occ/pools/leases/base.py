@@ -34,7 +34,7 @@ from __future__ import annotations
 import functools
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -123,8 +123,9 @@ class LeaseStore(ABC):
         """Live requests (held and waiting) in arrival order, optionally of one pool or table."""
 
     @abstractmethod
-    def history(self, *, pool: str | None = None, table: str | None = None, limit: int = 100) -> list[AuditEvent]:
-        """The newest ``limit`` audit events, oldest first."""
+    def history(self, *, pool: str | None = None, table: str | None = None, limit: int = 100,
+                kinds: Collection[AuditKind] | None = None) -> list[AuditEvent]:
+        """The newest ``limit`` audit events (of ``kinds``, when given), oldest first."""
 
     @abstractmethod
     def revision(self, pool: str) -> int:

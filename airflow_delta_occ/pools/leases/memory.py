@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 from ..compare import PairJudge
-from ..requests import AuditEvent, LeaseRecord
+from ..requests import AuditEvent, AuditKind, LeaseRecord
 from .base import LeaseStore, PoolTransaction, Row, newest, only
 
 
@@ -92,8 +92,10 @@ class MemoryLeaseStore(LeaseStore):
             rows = [r for p in self._pools.values() for r in p.rows.values()]
         return only(sorted((r.record for r in rows), key=lambda r: (r.pool, r.seq)), pool, table)
 
-    def history(self, *, pool: str | None = None, table: str | None = None, limit: int = 100) -> list[AuditEvent]:
+    def history(self, *, pool: str | None = None, table: str | None = None, limit: int = 100,
+                kinds: Collection[AuditKind] | None = None) -> list[AuditEvent]:
         with self._lock:
             events = [e for e in self._events
-                      if (pool is None or e.pool == pool) and (table is None or e.table == table)]
+                      if (pool is None or e.pool == pool) and (table is None or e.table == table)
+                      and (kinds is None or e.kind in kinds)]
         return newest(events, limit)

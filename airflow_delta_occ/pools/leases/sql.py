@@ -16,7 +16,7 @@ a SQLAlchemy URL and imports no Airflow; the Airflow layer resolves a connection
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -204,8 +204,11 @@ class SqlLeaseStore(LeaseStore):
         with self._errors("list leases"), self._reading() as conn:
             return [_record(r) for r in conn.execute(query)]
 
-    def history(self, *, pool: str | None = None, table: str | None = None, limit: int = 100) -> list[AuditEvent]:
+    def history(self, *, pool: str | None = None, table: str | None = None, limit: int = 100,
+                kinds: Collection[AuditKind] | None = None) -> list[AuditEvent]:
         query = sa.select(audit_table).order_by(audit_table.c.event_id.desc()).limit(max(0, limit))
+        if kinds is not None:
+            query = query.where(audit_table.c.kind.in_(sorted(k.value for k in kinds)))
         if pool is not None:
             query = query.where(audit_table.c.pool == pool)
         if table is not None:

@@ -383,3 +383,19 @@ def test_files_matching(stats_table, with_checkpoint, predicate, expected):
         stats_table.checkpoint(1)
     snap = DeltaLog.for_table(stats_table.root).snapshot()
     assert {f.path.removesuffix(".parquet") for f in snap.files_matching(predicate)} == expected
+
+
+def test_update_of_a_table_made_anew_at_the_same_path_loads_it_whole(table, tmp_path):
+    import shutil
+
+    _grow(table, 5)
+    snap = DeltaLog.for_table(table.root).snapshot()
+    shutil.rmtree(table.root)
+    again = LogBuilder(table.root)
+    again.commit(commit_info("CREATE TABLE"), protocol(), metadata())
+    again.commit(commit_info(), add("date=2024-01-01/new.parquet", {"date": "2024-01-01", "country": "DE"}))
+    updated = snap.update()   # version 1 < 5: not the same table's history
+    assert updated.version == 1 and _paths(updated) == {"date=2024-01-01/new.parquet"}
+    shutil.rmtree(table.root)
+    with pytest.raises(TableNotFoundError):
+        updated.update()

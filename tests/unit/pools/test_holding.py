@@ -134,12 +134,13 @@ def test_an_adaptive_worker_wait_hands_a_long_wait_to_the_triggerer_keeping_its_
 
 
 def test_a_worker_wait_sees_a_release_long_before_its_next_full_poll(request_for: Request) -> None:
-    """The full poll is due every 30 s here; the pool's revision, read every 50 ms, brings the grant."""
+    """The full poll is due every 30 s here (a TTL of 600 s does not shorten it); the pool's revision,
+    read every 50 ms, brings the grant."""
     import time
 
     store = MemoryLeaseStore()
     holder = store.acquire(request_for("holder", "OPTIMIZE"))
-    request = request_for("waiter", "UPDATE", "country = 'DE'")
+    request = request_for("waiter", "UPDATE", "country = 'DE'", ttl=600.0)
     waiting = store.acquire(request)
     polls = 0
     poll = store.poll
@@ -158,5 +159,27 @@ def test_a_worker_wait_sees_a_release_long_before_its_next_full_poll(request_for
                                    staying=lambda: warmed.append("warm"))
     timer.join()
     assert warmed == ["warm"]   # once, while it waited
-    assert ended.granted and time.monotonic() - started < 25.0   # far from the 30 s poll (no timing claim)
+    assert ended.granted and time.monotonic() - started < 10.0   # the full poll was 30 s away
     assert polls == 2   # the first, at once; then the one the release's revision called for
+
+
+def test_a_blocker_first_seen_waiting_is_timed_from_its_grant(request_for: Request) -> None:
+    """The estimate must learn when a blocker it first saw waiting was granted, or it would count that
+    blocker's whole typical hold as still to come however long it has held."""
+    clock = Clock(1_700_000_000.0)
+    store = MemoryLeaseStore(clock=clock)
+    first = store.acquire(request_for("first", "OPTIMIZE"))
+    second = store.acquire(request_for("second", "OPTIMIZE"))
+    request = request_for("waiter", "UPDATE", "country = 'DE'")
+    waiting = store.acquire(request)
+    wait = holding.LeaseWait(request, waiting.request_id, 1.0, LOG)
+    estimate = holding.WaitEstimate(typical_hold=10.0)
+    seen = wait.poll(store).state
+    assert seen is not None and {b.owner for b in seen.blockers} == {"first", "second"}
+    assert wait.expected(store, seen, estimate) == pytest.approx(20.0)   # first holds (just granted), second waits
+    store.release(first.request_id, "first")   # second is granted now
+    clock.now += 6.0
+    later = wait.poll(store).state
+    assert later is not None and [b.owner for b in later.blockers] == ["second"] and later.blockers[0].granted
+    assert wait.expected(store, later, estimate) == pytest.approx(4.0)   # 10 s typical, held 6 s already
+    assert second.request_id == later.blockers[0].request_id

@@ -230,12 +230,13 @@ def test_a_request_of_another_owner_is_refused(store: SqlLeaseStore, request_for
 
 def test_a_release_wakes_the_trigger_long_before_its_next_full_poll(
         store: SqlLeaseStore, request_for: Request) -> None:
-    """Full polls every 60 s; the pool's revision (read every 0.25 s) brings the grant at once."""
+    """Full polls every 60 s (a TTL of 600 s does not shorten them); the pool's revision, read every
+    0.25 s, brings the grant long before."""
     holder = store.acquire(request_for("holder", "OPTIMIZE"))
-    request = request_for("waiter", "UPDATE", "country = 'DE'")
+    request = request_for("waiter", "UPDATE", "country = 'DE'", ttl=600.0)
     waiting = store.acquire(request)
     timer = _release_later(store, holder.request_id, "holder", 0.5)
-    payload = asyncio.run(_first_event(_trigger(request, waiting.request_id, poll_interval=60.0), timeout=30.0))
+    payload = asyncio.run(_first_event(_trigger(request, waiting.request_id, poll_interval=60.0), timeout=20.0))
     timer.join()
     assert payload["status"] == "granted" and payload["request_id"] == waiting.request_id
 
@@ -284,3 +285,33 @@ def test_no_event_is_sent_sooner_than_the_settling_seconds_after_the_trigger_sta
     started = time.monotonic()
     payload = asyncio.run(_first_event(_trigger(request, granted.request_id)))
     assert payload["status"] == "granted" and time.monotonic() - started >= 1.5
+
+
+def test_an_adaptive_trigger_keeps_waiting_while_a_request_ahead_waits_too(
+        store: SqlLeaseStore, request_for: Request) -> None:
+    """A request ahead waits for others the estimate cannot see: no ``near`` until only holders block."""
+    moment = [time.time() - 1000.0]
+    clocked = SqlLeaseStore(str(store.engine.url), clock=lambda: moment[0])
+    for owner in ("old1", "old2"):   # this table's leases were held 100 s each
+        done = clocked.acquire(request_for(owner, "OPTIMIZE", ttl=1e6))
+        moment[0] += 100.0
+        clocked.release(done.request_id, owner)
+    clocked.close()
+    holder = store.acquire(request_for("holder", "OPTIMIZE"))
+    ahead = store.acquire(request_for("ahead", "UPDATE", "country = 'DE'"))
+    request = request_for("waiter", "UPDATE", "country = 'DE'")
+    waiting = store.acquire(request)
+    assert {b.owner for b in waiting.blockers} == {"holder", "ahead"}
+    trigger = DeltaLeaseTrigger(lease_conn_id="delta_occ_leases", request_id=waiting.request_id, owner="waiter",
+                                request=request.to_json(), poll_interval=0.05, resume_ahead=1e6)
+
+    def go_ahead() -> None:
+        store.release(holder.request_id, "holder")   # "ahead" is granted: only a holder blocks now
+
+    timer = threading.Timer(1.0, go_ahead)
+    timer.start()
+    started = time.monotonic()
+    payload = asyncio.run(_first_event(trigger))
+    timer.join()
+    assert payload["status"] == "near" and time.monotonic() - started >= 1.0
+    assert [b.owner for b in store.holders()] == ["ahead"] and ahead.request_id

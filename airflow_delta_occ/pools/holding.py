@@ -201,12 +201,20 @@ class WaitEstimate:
         for blocker in state.blockers:
             if blocker.granted:
                 since = granted_at.get(str(blocker.request_id))
-                left = self.typical_hold - (state.checked_at - (state.checked_at if since is None else since))
+                left = self.typical_hold - (0.0 if since is None else state.checked_at - since)
                 if left < 0:   # held longer than usual: how much longer is anybody's guess
                     return None
                 holding_left.append(left)
         behind = sum(1 for b in state.blockers if not b.granted)
         return max(holding_left, default=0.0) + behind * self.typical_hold
+
+
+def grant_is_near(state: LeaseState, expected: float | None, resume_ahead: float | None) -> bool:
+    """Whether a deferred waiter should come back to a worker (``WaitRule.comes_back``): only leases
+    already held block it (a request ahead waits on others the estimate does not see) and its grant is
+    expected within ``resume_ahead`` seconds."""
+    return (resume_ahead is not None and expected is not None and expected <= resume_ahead
+            and not state.granted and all(b.granted for b in state.blockers))
 
 
 def granted_times(store: LeaseStore, table: str) -> dict[str, float | None]:

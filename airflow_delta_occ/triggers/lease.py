@@ -50,7 +50,14 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_delta_occ.exceptions import LeaseError, LeaseStoreError
 from airflow_delta_occ.hooks.leases import store_url
-from airflow_delta_occ.pools.holding import DEFERRED_WAKE_SECONDS, LeaseWait, Log, WaitEstimate, cancel_requests
+from airflow_delta_occ.pools.holding import (
+    DEFERRED_WAKE_SECONDS,
+    LeaseWait,
+    Log,
+    WaitEstimate,
+    cancel_requests,
+    grant_is_near,
+)
 
 if TYPE_CHECKING:
     from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
@@ -125,15 +132,14 @@ class DeltaLeaseTrigger(BaseTrigger):
                             step = wait.failed(exc)   # counted as a failed poll; raises at the limit
                     if store is not None:
                         step = await asyncio.to_thread(wait.poll, store)
-                        # Back to a worker only when nobody waits ahead of it: each request ahead
-                        # waits for others the estimate does not see.
-                        if self.resume_ahead is not None and step.state is not None and not step.granted \
-                                and all(b.granted for b in step.state.blockers):
+                        # Estimated only where the grant could be near at all (nobody waits ahead).
+                        state = step.state
+                        if state is not None and grant_is_near(state, 0.0, self.resume_ahead):
                             if estimate is None:
                                 estimate = await asyncio.to_thread(WaitEstimate.read, store, request.table, self.log)
-                            expected = await asyncio.to_thread(wait.expected, store, step.state, estimate)
-                            if expected is not None and expected <= self.resume_ahead:
-                                return {"status": "near", "request_id": step.state.request_id,
+                            expected = await asyncio.to_thread(wait.expected, store, state, estimate)
+                            if grant_is_near(state, expected, self.resume_ahead):
+                                return {"status": "near", "request_id": state.request_id,
                                         "expected": expected, "blockers_seen": wait.blockers.seen(),
                                         "reacquired": wait.reacquired}
                 except LeaseError as exc:   # not this owner's request, or the store kept failing

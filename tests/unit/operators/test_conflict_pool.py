@@ -547,13 +547,19 @@ def test_the_lease_is_released_when_spark_is_done_before_the_commit_is_confirmed
     assert spark.holders_during == ["d/u/manual__1/-1/1"] and held_while_confirming == [[]]
 
 
-def test_a_task_sent_back_whose_request_was_granted_meanwhile_renews_and_runs(
-        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore, spark: _Spark) -> None:
-    path, snapshot = sales_log
+def _deferred_behind_a_blocker(store: SqlLeaseStore, path: str, snapshot: Snapshot) -> tuple[str, str]:
+    """A blocker's lease and, behind it, a pooled UPDATE that deferred: (the blocker's id, the UPDATE's
+    request id, which its trigger carries)."""
     blocker = _block(store, path, snapshot)
     with pytest.raises(TaskDeferred) as deferred:
         _leased_update(path, deferrable=True).execute(_context())
-    request_id = deferred.value.trigger.request_id
+    return blocker, deferred.value.trigger.request_id
+
+
+def test_a_task_sent_back_whose_request_was_granted_meanwhile_renews_and_runs(
+        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore, spark: _Spark) -> None:
+    path, snapshot = sales_log
+    blocker, request_id = _deferred_behind_a_blocker(store, path, snapshot)
     store.release(blocker, "blocker")   # granted while the task comes back
     event = {"status": "near", "request_id": request_id, "expected": 1.0, "blockers_seen": []}
     result = _leased_update(path, deferrable=None).execute_complete(_context(), event=event)
@@ -569,10 +575,7 @@ def test_a_task_sent_back_whose_plan_fails_gives_its_place_back(
     from airflow_delta_occ.engine.errors import TableNotFoundError
 
     path, snapshot = sales_log
-    blocker = _block(store, path, snapshot)
-    with pytest.raises(TaskDeferred) as deferred:
-        _leased_update(path, deferrable=True).execute(_context())
-    request_id = deferred.value.trigger.request_id
+    blocker, request_id = _deferred_behind_a_blocker(store, path, snapshot)
     shutil.rmtree(path)
     event = {"status": "near", "request_id": request_id, "expected": 1.0, "blockers_seen": []}
     with pytest.raises(TableNotFoundError):
@@ -585,10 +588,7 @@ def test_a_task_sent_back_whose_plan_fails_gives_its_place_back(
 def test_a_trigger_error_cancels_the_request_it_reports(
         pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore, spark: _Spark) -> None:
     path, snapshot = sales_log
-    blocker = _block(store, path, snapshot)
-    with pytest.raises(TaskDeferred) as deferred:
-        _leased_update(path, deferrable=True).execute(_context())
-    request_id = deferred.value.trigger.request_id
+    blocker, request_id = _deferred_behind_a_blocker(store, path, snapshot)
     with pytest.raises(LeaseStoreError, match="kept failing"):
         _leased_update(path).execute_complete(_context(), event={"status": "error", "request_id": request_id,
                                                                  "message": "the store kept failing"})

@@ -351,7 +351,8 @@ class DeltaBaseOperator(BaseOperator):
             owner, request_id = lease_owner(context), str(event.get("request_id") or "")
             self._held_lease = (request_id, owner) if request_id else None   # on_kill gives its place back
             try:
-                return self._lease_and_run(context, self.prepare(context), started, came_back=True).to_dict()
+                return self._lease_and_run(context, self.prepare(context), started, came_back=True,
+                                           seen=list(event.get("blockers_seen") or [])).to_dict()
             except TaskDeferred:
                 raise   # the request moves to the trigger again, in its place
             except BaseException:
@@ -378,11 +379,13 @@ class DeltaBaseOperator(BaseOperator):
             store.close()
 
     def _lease_and_run(self, context: Any, prepared: PreparedJob, started: float, *,
-                       came_back: bool = False) -> JobResult:
+                       came_back: bool = False, seen: list[dict[str, Any]] | None = None) -> JobResult:
         """Ask the pool for a lease on ``prepared``'s footprint: run at once if granted, else wait for it
         where the task's ``WaitRule`` says (in the worker, deferred, or adaptive: each in turn). A task
         the trigger sent back (``came_back``: its grant is near) waits in the worker for up to
         ``worker_wait`` seconds whatever the estimate says now, so the two never hand it back and forth.
+        ``seen``: whom the wait was blocked by before (the trigger's ``blockers_seen``); the lease's
+        ``waited_for`` keeps naming them whichever part of the wait ends it.
 
         Raises:
             PoolConfigError: no pool file, no such pool, or the table is not in it.
@@ -397,8 +400,12 @@ class DeltaBaseOperator(BaseOperator):
         store = self._lease_store()
         try:
             state = store.acquire(request)
+            account = holding.BlockersSeen(seen or [])
+            account.update(state.blockers)
+            seen = account.seen()
             if state.granted:
-                lease = HeldLease(pool.name, state.request_id, owner, state.waited or 0.0, [])
+                lease = HeldLease(pool.name, state.request_id, owner, state.waited or 0.0,
+                                  holding.blocker_names(seen))
                 if state.record is not None and (state.record.granted_at or 0.0) < state.checked_at:
                     # granted before this call (while the task came back from the triggerer): renew first
                     return self._run_granted(context, store, pool, lease, started, earlier=prepared)
@@ -410,12 +417,12 @@ class DeltaBaseOperator(BaseOperator):
                     if rule.where is holding.WaitWhere.ADAPTIVE and not came_back else None
                 waited = holding.wait_in_worker(store, request, state, self._poll_interval(deferred=False),
                                                 self.log, self._kill_requested, rule=rule, estimate=estimate,
-                                                staying=self._warm_up)
+                                                staying=self._warm_up, seen=seen)
                 if waited.granted:
                     lease = HeldLease(pool.name, waited.state.request_id, owner, waited.state.waited or 0.0,
                                       waited.waited_for)
                     return self._run_granted(context, store, pool, lease, started, earlier=prepared)
-                state = waited.state
+                state, seen = waited.state, waited.blockers_seen
         finally:
             store.close()
         from airflow_delta_occ.triggers.lease import DeltaLeaseTrigger
@@ -423,7 +430,7 @@ class DeltaBaseOperator(BaseOperator):
         self.defer(trigger=DeltaLeaseTrigger(lease_conn_id=self.lease_conn_id, request_id=state.request_id,
                                              owner=owner, request=request.to_json(),
                                              poll_interval=self._poll_interval(deferred=True),
-                                             resume_ahead=rule.comes_back),
+                                             resume_ahead=rule.comes_back, blockers_seen=seen),
                    method_name="execute_complete", timeout=None)
 
     def _cancel_request(self, owner: str, request_id: str) -> None:

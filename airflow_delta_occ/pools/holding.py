@@ -255,9 +255,17 @@ def describe_wait(state: LeaseState) -> str:
 class BlockersSeen:
     """The distinct leases and requests a wait was blocked by, and whether the current set changed."""
 
-    def __init__(self) -> None:
+    def __init__(self, earlier: Iterable[Mapping[str, Any]] = ()) -> None:
+        """``earlier``: what ``seen()`` returned in an earlier part of the same wait (a wait that moves
+        between the worker and the triggerer keeps one account of whom it waited for)."""
         self._seen: dict[tuple[str | None, str | None], dict[str, Any]] = {}
         self._current: tuple[tuple[str | None, str | None, str], ...] = ()
+        for b in earlier:
+            request_id, owner = b.get("request_id"), b.get("owner")
+            key = (None if request_id is None else str(request_id), None if owner is None else str(owner))
+            if key not in self._seen and len(self._seen) < MAX_BLOCKERS_SEEN:
+                self._seen[key] = {"request_id": key[0], "owner": key[1],
+                                   "reason": str(b.get("reason") or "")[:MAX_REASON_LENGTH]}
 
     def update(self, blockers: Iterable[Blocker]) -> list[Blocker]:
         """Record ``blockers``; returns them when they differ from the previous poll's (to log), else []."""
@@ -297,10 +305,11 @@ class LeaseWait:
     to another owner raises ``LeaseOwnershipError`` at once.
     """
 
-    def __init__(self, request: LeaseRequest, request_id: str, interval: float, log: Log) -> None:
+    def __init__(self, request: LeaseRequest, request_id: str, interval: float, log: Log, *,
+                 seen: Iterable[Mapping[str, Any]] = ()) -> None:
         self.request, self.request_id, self.log = request, request_id, log
         self.interval = max(min(interval, request.ttl / 3), MIN_POLL_SECONDS)
-        self.blockers = BlockersSeen()
+        self.blockers = BlockersSeen(seen)
         self.failures = 0
         self.reacquired = 0
         self.revision: int | None = None   # the pool's revision read before the last poll
@@ -382,8 +391,12 @@ class WorkerWait:
     """How a wait in the worker ended: granted, or (adaptive) to be continued deferred."""
 
     state: LeaseState
-    waited_for: list[str]
+    blockers_seen: list[dict[str, Any]]   # ``BlockersSeen.seen()``: handed on to the trigger when it defers
     expected: float | None = None   # seconds still expected when it stopped to defer
+
+    @property
+    def waited_for(self) -> list[str]:
+        return blocker_names(self.blockers_seen)
 
     @property
     def granted(self) -> bool:
@@ -392,12 +405,13 @@ class WorkerWait:
 
 def wait_in_worker(store: LeaseStore, request: LeaseRequest, state: LeaseState, interval: float, log: Log,
                    stopped: threading.Event, *, rule: WaitRule | None = None, estimate: WaitEstimate | None = None,
-                   staying: Callable[[], None] | None = None, clock: Callable[[], float] = time.monotonic
-                   ) -> WorkerWait:
+                   staying: Callable[[], None] | None = None, seen: Iterable[Mapping[str, Any]] = (),
+                   clock: Callable[[], float] = time.monotonic) -> WorkerWait:
     """Drive ``LeaseWait`` in this thread until ``state``'s request is granted, or until ``rule`` (adaptive)
     says to defer: the request then stays in line and the caller hands it to the trigger. ``staying`` is
     called once, when the first poll finds the request waiting here (not deferring, not granted): the
-    caller starts what the job will need while it waits.
+    caller starts what the job will need while it waits. ``seen``: the blockers an earlier part of this
+    wait saw (the trigger's, for a task it sent back), kept in the account of whom it waited for.
 
     Between full polls (every ``interval``, each the request's heartbeat) the pool's revision is read
     every ``WORKER_WAKE_SECONDS``; a change (a release, a grant) is polled at once, so a grant is seen
@@ -412,7 +426,7 @@ def wait_in_worker(store: LeaseStore, request: LeaseRequest, state: LeaseState, 
     """
     rule = rule or WaitRule(WaitWhere.WORKER)
     estimate = estimate or WaitEstimate(None)
-    wait = LeaseWait(request, state.request_id, interval, log)
+    wait = LeaseWait(request, state.request_id, interval, log, seen=seen)
     wait.blockers.update(state.blockers)   # the caller logged why it waits
     step = WaitStep(state, wait.interval)
     began = next_poll = clock()   # the first poll at once: a release since the caller's acquire is seen
@@ -431,7 +445,7 @@ def wait_in_worker(store: LeaseStore, request: LeaseRequest, state: LeaseState, 
                     log.info("lease request %s: %s; waiting deferred from here", step.state.request_id,
                              f"about {expected:.1f} s more expected" if expected is not None
                              else f"waited {clock() - began:.1f} s in the worker")
-                    return WorkerWait(step.state, wait.waited_for(), expected)
+                    return WorkerWait(step.state, wait.blockers.seen(), expected)
             if staying is not None and step.state is not None and not step.granted:
                 staying()
                 staying = None
@@ -443,7 +457,7 @@ def wait_in_worker(store: LeaseStore, request: LeaseRequest, state: LeaseState, 
         raise
     assert step.state is not None  # granted
     log.info("lease request %s granted after %.3f s in the worker", step.state.request_id, step.state.waited or 0.0)
-    return WorkerWait(step.state, wait.waited_for())
+    return WorkerWait(step.state, wait.blockers.seen())
 
 
 def cancel_requests(store: LeaseStore, owner: str, request_ids: Iterable[str], *, table: str | None,

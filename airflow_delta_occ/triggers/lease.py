@@ -77,10 +77,13 @@ class DeltaLeaseTrigger(BaseTrigger):
         of the request's TTL is used.
     :param resume_ahead: end the wait with a ``near`` event when the grant is expected within this
         many seconds (``None``: only a grant ends it).
+    :param blockers_seen: whom the request waited for before it deferred (the worker's part of the
+        wait); the events' ``blockers_seen`` include them, so the task's result names everyone.
     """
 
     def __init__(self, *, lease_conn_id: str, request_id: str, owner: str, request: dict[str, Any],
-                 poll_interval: float = 2.0, resume_ahead: float | None = None) -> None:
+                 poll_interval: float = 2.0, resume_ahead: float | None = None,
+                 blockers_seen: list[dict[str, Any]] | None = None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # Airflow's BaseTrigger.__init__ is untyped
         self.lease_conn_id = lease_conn_id
         self.request_id = request_id
@@ -88,12 +91,14 @@ class DeltaLeaseTrigger(BaseTrigger):
         self.request = request
         self.poll_interval = poll_interval
         self.resume_ahead = resume_ahead
+        self.blockers_seen = list(blockers_seen or [])
         self.current_request_id = request_id   # moves on when a dropped request is asked for again
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}",
                 {"lease_conn_id": self.lease_conn_id, "request_id": self.request_id, "owner": self.owner,
-                 "request": self.request, "poll_interval": self.poll_interval, "resume_ahead": self.resume_ahead})
+                 "request": self.request, "poll_interval": self.poll_interval, "resume_ahead": self.resume_ahead,
+                  "blockers_seen": self.blockers_seen})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         loop = asyncio.get_running_loop()
@@ -119,7 +124,7 @@ class DeltaLeaseTrigger(BaseTrigger):
             url = await self._store_url()
         except (LeaseStoreError, AirflowNotFoundException) as exc:
             return self._error(f"connection {self.lease_conn_id!r}: {exc}")
-        wait = LeaseWait(request, self.current_request_id, self.poll_interval, self.log)
+        wait = LeaseWait(request, self.current_request_id, self.poll_interval, self.log, seen=self.blockers_seen)
         store: SqlLeaseStore | None = None
         estimate: WaitEstimate | None = None
         try:

@@ -498,7 +498,11 @@ def test_by_default_a_worker_wait_defers_after_worker_wait_seconds(
     with pytest.raises(TaskDeferred) as deferred:
         _leased_update(path, deferrable=None).execute(_context())
     assert time.monotonic() - started >= 0.3
-    assert _waiting_request(store).request_id == deferred.value.trigger.request_id   # not cancelled
+    trigger = deferred.value.trigger
+    assert _waiting_request(store).request_id == trigger.request_id   # not cancelled
+    # The trigger carries whom the worker saw block the request, so the task's result names them.
+    assert [b["owner"] for b in trigger.blockers_seen] == ["blocker"]
+    assert DeltaLeaseTrigger(**trigger.serialize()[1]).blockers_seen == trigger.blockers_seen
     store.release(blocker, "blocker")
 
 
@@ -561,9 +565,12 @@ def test_a_task_sent_back_whose_request_was_granted_meanwhile_renews_and_runs(
     path, snapshot = sales_log
     blocker, request_id = _deferred_behind_a_blocker(store, path, snapshot)
     store.release(blocker, "blocker")   # granted while the task comes back
-    event = {"status": "near", "request_id": request_id, "expected": 1.0, "blockers_seen": []}
+    seen = [{"request_id": blocker, "owner": "blocker", "reason": "both rewrite partition DE"}]
+    event = {"status": "near", "request_id": request_id, "expected": 1.0, "blockers_seen": seen}
     result = _leased_update(path, deferrable=None).execute_complete(_context(), event=event)
     assert result["lease"]["request_id"] == request_id and spark.runs == 1 and store.records() == []
+    # Whom it waited for before it came back is still known (the grant came before this try polled).
+    assert result["lease"]["waited_for"] == ["blocker"], result["lease"]
     kinds = [e.kind for e in store.history(pool="sales") if e.request_id == request_id]
     assert kinds == [AuditKind.REQUEST, AuditKind.GRANT, AuditKind.RENEW, AuditKind.RELEASE], kinds
 

@@ -153,7 +153,8 @@ def test_serialize_rebuilds_the_same_trigger(request_for: Request) -> None:
     assert classpath == "airflow_delta_occ.triggers.lease.DeltaLeaseTrigger"
     assert rebuilt.serialize() == (classpath, kwargs)
     assert kwargs == {"lease_conn_id": "delta_occ_leases", "request_id": "abc123", "owner": "waiter",
-                      "request": request.to_json(), "poll_interval": 3.5, "resume_ahead": None}
+                      "request": request.to_json(), "poll_interval": 3.5, "resume_ahead": None,
+                      "blockers_seen": []}
     assert LeaseRequest.from_json(kwargs["request"]) == request
 
 
@@ -315,3 +316,17 @@ def test_an_adaptive_trigger_keeps_waiting_while_a_request_ahead_waits_too(
     timer.join()
     assert payload["status"] == "near" and time.monotonic() - started >= 1.0
     assert [b.owner for b in store.holders()] == ["ahead"] and ahead.request_id
+
+
+def test_the_trigger_reports_the_blockers_the_worker_saw_before_it_deferred(
+        store: SqlLeaseStore, request_for: Request) -> None:
+    """A wait that began in the worker: its events name everyone it waited for, not only whom the
+    trigger itself saw (the holder here was gone before the trigger's first poll)."""
+    request = request_for("waiter", "UPDATE", "country = 'DE'")
+    granted = store.acquire(request)
+    earlier = [{"request_id": "r0", "owner": "holder", "reason": "both rewrite country = 'DE'"}]
+    trigger = DeltaLeaseTrigger(lease_conn_id="delta_occ_leases", request_id=granted.request_id, owner="waiter",
+                                request=request.to_json(), poll_interval=0.05, blockers_seen=earlier)
+    assert DeltaLeaseTrigger(**trigger.serialize()[1]).blockers_seen == earlier
+    payload = asyncio.run(_first_event(trigger))
+    assert payload["status"] == "granted" and payload["blockers_seen"] == earlier

@@ -37,6 +37,7 @@ sys.path.insert(0, str(HERE.parent))
 import headline_workload as wl  # noqa: E402
 from _report import machine, write_section  # noqa: E402
 from headline import create_table  # noqa: E402
+from headline_job import STATEMENT_SECONDS  # noqa: E402
 
 from airflow_delta_occ.demo import airflow_cli, airflow_env, run_dag  # noqa: E402
 from airflow_delta_occ.demo.metadata import xcom  # noqa: E402
@@ -98,17 +99,36 @@ def run(work: Path, rounds: int) -> dict[str, Any]:
     finally:
         spark.stop()
     drivers = {t: d for t in seconds if (d := driver_seconds(work, t)) is not None}
-    return {"seconds": seconds, "spark_seconds": spark_seconds, "phases": phases, "drivers": drivers, "groups": groups,
+    statements = {t: d for t in seconds if (d := statement_seconds(work, t)) is not None}
+    return {"seconds": seconds, "spark_seconds": spark_seconds, "phases": phases, "drivers": drivers,
+            "statements": statements, "groups": groups,
             "rounds": rounds,
             "expected_groups": {"merged": wl.HALF, "seed": wl.partition_count(WRITERS) * wl.ROWS - wl.HALF}}
+
+
+def _task_log(work: Path, task_id: str) -> Path:
+    return work / "airflow" / "logs" / f"dag_id={DAG_ID}" / "run_id=overhead" / f"task_id={task_id}" / "attempt=1.log"
+
+
+def statement_seconds(work: Path, task_id: str) -> float | None:
+    """The plain job's MERGE statement alone, as its driver timed it (``headline_job.py`` prints it; the
+    Spark provider's hook logs the driver's output into the task log); ``None`` for other tasks."""
+    path = _task_log(work, task_id)
+    if not path.exists():
+        return None
+    marker = f"{STATEMENT_SECONDS}="
+    for line in path.read_text().splitlines():
+        if marker in line:
+            tail = line.split(marker, 1)[1]
+            return float(tail[:len(tail) - len(tail.lstrip("0123456789."))])
+    return None
 
 
 def driver_seconds(work: Path, task_id: str) -> float | None:
     """How long the task's spark-submit ran, from the hook's first log line (the command) to its last
     (the driver's exit), in the task's log; ``None`` for a task that submitted nothing (embedded)."""
-    log = work / "airflow" / "logs" / f"dag_id={DAG_ID}" / "run_id=overhead" / f"task_id={task_id}" / "attempt=1.log"
     stamps = []
-    for line in log.read_text().splitlines():
+    for line in _task_log(work, task_id).read_text().splitlines():
         try:
             event = json.loads(line)
         except ValueError:
@@ -202,8 +222,32 @@ def report(result: dict[str, Any], command: str, wall: float) -> str:
         f"- Final table: {result['groups']} rows per `m` value, "
         + ("as expected." if correct else f"NOT the expected {result['expected_groups']}."),
         *phase_lines(result, measured),
+        *paired_lines(result, measured),
     ]
     return "\n".join(lines)
+
+
+def paired_lines(result: dict[str, Any], measured: range) -> list[str]:
+    """The provider's whole job inside its driver against the plain job's statement, same round.
+
+    Both are timed inside their own driver, after Spark started, so the launcher, the JVM's start and
+    Ivy's resolution (seconds that vary from task to task) are in neither: what is left is the first
+    Delta work of a fresh driver either way, plus, for the provider, its own steps.
+    """
+    statements = result.get("statements") or {}
+    if not all(f"plain_{i}" in statements for i in measured):
+        return []
+    plain = [statements[f"plain_{i}"] for i in measured]
+    lines = ["", "Paired inside the driver, same round: the plain job's MERGE statement (timed by the job around "
+             "`spark.sql(...).collect()`) against the provider's job (`run_seconds`: from the runner's start, "
+             "every step and the write). Seconds, median (min to max):", "",
+             "| way | the job inside its driver, s | minus the plain statement of the same round, s |", "|---|---|---|",
+             f"| plain statement | {spread(plain)} | 0 |"]
+    for way in ("submit", "embedded"):
+        runs = [result["spark_seconds"][f"{way}_{i}"] for i in measured]
+        lines.append(f"| provider, {way} | {spread(runs)} | "
+                     f"{spread([r - p for r, p in zip(runs, plain, strict=True)])} |")
+    return lines
 
 
 def main() -> None:
@@ -218,6 +262,7 @@ def main() -> None:
         work = args.report.resolve()
         result = json.loads((work / "results.json").read_text())
         result["drivers"] = {t: d for t in result["seconds"] if (d := driver_seconds(work, t)) is not None}
+        result["statements"] = {t: d for t in result["seconds"] if (d := statement_seconds(work, t)) is not None}
         text = report(result, result.get("command", ""), result.get("wall", 0.0))
     else:
         work = (args.work or Path(tempfile.mkdtemp(prefix="delta-occ-overhead-"))).resolve()

@@ -146,7 +146,8 @@ class _Build:
 
     def common(self, pfilter: PartitionFilter) -> dict[str, Any]:
         target = self.target
-        return {"target": target.table, "run": self.run, "idempotent": target.idempotent,
+        return {"target": target.table, "run": self.run, "planned_version": self.snapshot.version,
+                "idempotent": target.idempotent,
                 "retry_policies": target.retry_policies, "source_outside": target.source_outside,
                 "partition_filter": pfilter.to_expr(), "partitions": pfilter.serialized()}
 

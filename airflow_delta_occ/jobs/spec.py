@@ -151,6 +151,9 @@ class JobSpec:
     source_check: Expr | None = None
     source_values: Mapping[str, Expr] = field(default_factory=dict)
     source_outside: str = "fail"
+    # The table version the job was planned at (the worker's snapshot). A commit of this task run after
+    # it is this try's; before it, an earlier try's. Without it the runner reads the version first.
+    planned_version: int | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -309,10 +312,18 @@ class JobSpec:
                 zorder_by=tuple(d.get("zorder_by") or ()), target_alias=d.get("target_alias", "t"),
                 source_alias=d.get("source_alias", "s"), retry_policies=d.get("retry_policies") or {},
                 idempotent=d.get("idempotent", True), source_values=_trees(d.get("source_values"), "source_values"),
-                source_outside=d.get("source_outside", "fail"),
+                source_outside=d.get("source_outside", "fail"), planned_version=_version(d.get("planned_version")),
             )
         except (KeyError, TypeError, AttributeError, ValueError, RecursionError, PredicateError) as exc:
             raise JobSpecError(f"not a valid JobSpec: {exc}") from exc
+
+
+def _version(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TypeError(f"planned_version must be a table version (an integer >= 0), not {value!r}")
+    return value
 
 
 def _check_carries(condition: Expr | None, predicate: Expr, alias: str | None, what: str) -> None:

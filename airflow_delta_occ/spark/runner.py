@@ -61,7 +61,11 @@ TXN_VERSION = 0
 
 
 def _check_target(session: Any, spec: JobSpec) -> int:
-    """The target's current version; a typed error when it is not a Delta table."""
+    """The target's current version; a typed error when it is not a Delta table.
+
+    Raises:
+        TableNotFoundError: Spark says the target is no Delta table (an outage is raised as it came).
+    """
     try:
         return int(run_sql(session, f"DESCRIBE HISTORY {target_sql(spec)} LIMIT 1").collect()[0]["version"])
     except Exception as exc:
@@ -143,13 +147,23 @@ def _plain_values(values: dict[str, Any]) -> str:
 
 
 def _execute_once(session: Any, spec: JobSpec, source: Any, source_view: str | None) -> None:
-    """One attempt; Spark refusing the statement (not a conflict) is ``StatementRefusedError``."""
+    """One attempt; Spark refusing the statement (not a conflict) is ``StatementRefusedError``, or
+    ``TableNotFoundError`` when the refusal is that the target is gone (checked only then)."""
     try:
         _write(session, spec, source, source_view)
     except Exception as exc:
         if classify_conflict(exc) is None and spark_errors.is_analysis_error(exc):
+            if not _checks_first(spec):
+                _check_target(session, spec)   # a target that is gone says so, typed
             raise StatementRefusedError(f"Spark refused the job's statement: {spark_errors.message(exc)}") from exc
         raise
+
+
+def _checks_first(spec: JobSpec) -> bool:
+    """Whether the target is checked before the write: a DataFrame write would create a table where
+    there is none, and without the planned version the runner reads the version it starts from.
+    A statement on a table that is gone fails by itself, and is checked after that failure."""
+    return spec.operation.is_write or spec.planned_version is None
 
 
 def _write(session: Any, spec: JobSpec, source: Any, source_view: str | None) -> None:
@@ -323,8 +337,10 @@ def _run_pinned(session: Any, spec: JobSpec, outcome: RetryOutcome, progress: Jo
     if spec.idempotent and spec.operation in ("merge", "update", "delete"):
         session.conf.set(TXN_APP_ID_CONF, spec.run.app_id)
         session.conf.set(TXN_VERSION_CONF, str(TXN_VERSION))
-    with progress.timed("target_check"):
-        before = _check_target(session, spec)
+    before = spec.planned_version
+    if before is None or _checks_first(spec):
+        with progress.timed("target_check"):
+            before = _check_target(session, spec)
     with progress.timed("source_read"):
         source = read_source(session, spec)
     source_view = None
@@ -342,7 +358,7 @@ def _run_pinned(session: Any, spec: JobSpec, outcome: RetryOutcome, progress: Jo
         if source_view is not None:
             session.catalog.dropTempView(source_view)
     with progress.timed("find_commit"):
-        return find_commit(session, spec, int(before))
+        return find_commit(session, spec, before)
 
 
 def _private_session(spark: Any) -> Any:

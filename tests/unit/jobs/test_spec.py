@@ -66,8 +66,12 @@ def test_jobspec_round_trips_as_json():
                    source=SourceRef(table="src"), condition=parse_predicate("t.id = s.id"),
                    clauses=(MergeClause("matched_update", set={"v": parse_predicate("`s`.`v`")}),
                             MergeClause("not_matched_insert_all")),
-                   retry_policies={"ConcurrentAppendException": {"max_attempts": 2}})
-    assert JobSpec.from_json(spec.to_json()) == spec
+                   retry_policies={"ConcurrentAppendException": {"max_attempts": 2}}, planned_version=7)
+    assert JobSpec.from_json(spec.to_json()) == spec and JobSpec.from_json(spec.to_json()).planned_version == 7
+    for bad in (-1, "7", 1.5, True):
+        data = json.loads(spec.to_json()) | {"planned_version": bad}
+        with pytest.raises(JobSpecError, match="planned_version"):
+            JobSpec.from_json(json.dumps(data))
     assert spec.run.app_id == "airflow:d/t/r/2"
     assert json.loads(spec.run.user_metadata())["airflow"]["try_number"] == 3
 

@@ -144,6 +144,9 @@ def spread(values: list[float]) -> str:
 
 #: The runner's steps (``JobResult.phase_seconds``); all but the write are the provider's own work.
 PHASES = ("target_check", "source_read", "source_check", "write", "find_commit")
+#: What issue #22's goal names ("the target check and the out-of-partition source check"), and with
+#: finding the commit, the provider's other step of its own; both are reported against the goal.
+GOAL_PHASES = ("target_check", "source_check")
 OWN_PHASES = ("target_check", "source_check", "find_commit")
 OWN_GOAL_SECONDS = 0.5
 
@@ -160,19 +163,26 @@ def phase_lines(result: dict[str, Any], measured: range) -> list[str]:
              "| way | " + " | ".join(PHASES) + " | provider's own (" + " + ".join(OWN_PHASES) + ") |",
              "|---|" + "---|" * (len(PHASES) + 1)]
     own_all: list[float] = []
+    goal_all: list[float] = []
     for way in ways:
         runs = [phases[f"{way}_{i}"] for i in measured]
         own = [sum(float(r.get(p, 0.0)) for p in OWN_PHASES) for r in runs]
         own_all += own
+        goal_all += [sum(float(r.get(p, 0.0)) for p in GOAL_PHASES) for r in runs]
         cells = [spread([float(r.get(p, 0.0)) for r in runs]) for p in PHASES]
         lines.append(f"| {way} | " + " | ".join(cells) + f" | {spread(own)} |")
-    worst = max(own_all)
-    lines += ["", f"- Goal \"the provider's own work in the driver under {OWN_GOAL_SECONDS} s per task\" (target "
-              f"check, out-of-partition source check, finding the commit): median {statistics.median(own_all):.2f} s, "
-              f"max {worst:.2f} s over {len(own_all)} jobs: "
-              + ("**MET**" if worst < OWN_GOAL_SECONDS else "**NOT MET**") + ". `source_read` is the source "
-              "materialised once (so in-job retries never read it again); a plain job reads it inside its "
-              "statement instead, so it is not counted as the provider's own."]
+
+    def verdict(values: list[float], what: str) -> str:
+        return (f"{what}: median {statistics.median(values):.2f} s, max {max(values):.2f} s over {len(values)} "
+                "jobs: " + ("**MET**" if max(values) < OWN_GOAL_SECONDS else "**NOT MET**"))
+
+    lines += ["", f"- Goal \"the provider's own work in the driver under {OWN_GOAL_SECONDS} s per task\", "
+              + verdict(goal_all, "as the goal names it (" + " + ".join(GOAL_PHASES) + ")") + "; "
+              + verdict(own_all, "with finding the commit too (" + " + ".join(OWN_PHASES) + ")") + ".",
+              "- `source_read` is the source materialised once (so in-job retries never read it again); a plain "
+              "job reads it inside its statement instead, so it is not counted as the provider's own. The "
+              "driver's first Spark work (Delta's code and the table's log loaded) lands in whichever step "
+              "comes first: the paired table below compares whole jobs."]
     return lines
 
 

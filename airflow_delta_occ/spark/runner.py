@@ -151,12 +151,24 @@ def _execute_once(session: Any, spec: JobSpec, source: Any, source_view: str | N
     ``TableNotFoundError`` when the refusal is that the target is gone (checked only then)."""
     try:
         _write(session, spec, source, source_view)
+        return
     except Exception as exc:
-        if classify_conflict(exc) is None and spark_errors.is_analysis_error(exc):
-            if not _checks_first(spec):
-                _check_target(session, spec)   # a target that is gone says so, typed
-            raise StatementRefusedError(f"Spark refused the job's statement: {spark_errors.message(exc)}") from exc
-        raise
+        if classify_conflict(exc) is not None or not spark_errors.is_analysis_error(exc):
+            raise
+        refusal = exc
+    if not _checks_first(spec):
+        # Checked outside the ``except``: a check that fails for another reason (an outage) must not
+        # inherit the refusal as its context and pass for "no such table".
+        from airflow_delta_occ.engine.errors import TableNotFoundError
+
+        try:
+            _check_target(session, spec)
+        except TableNotFoundError:
+            raise   # the target is gone: that is the refusal's reason
+        except Exception as failed:
+            logging.getLogger(__name__).warning("could not check the target after Spark refused the "
+                                                "statement: %s", failed)
+    raise StatementRefusedError(f"Spark refused the job's statement: {spark_errors.message(refusal)}") from refusal
 
 
 def _checks_first(spec: JobSpec) -> bool:
@@ -337,10 +349,13 @@ def _run_pinned(session: Any, spec: JobSpec, outcome: RetryOutcome, progress: Jo
     if spec.idempotent and spec.operation in ("merge", "update", "delete"):
         session.conf.set(TXN_APP_ID_CONF, spec.run.app_id)
         session.conf.set(TXN_VERSION_CONF, str(TXN_VERSION))
+    # The worker's plan, when there is one, says which commits of this run are this try's, the same
+    # for every operation (a driver re-run by its cluster manager reports its first run's commit).
     before = spec.planned_version
     if before is None or _checks_first(spec):
         with progress.timed("target_check"):
-            before = _check_target(session, spec)
+            checked = _check_target(session, spec)
+        before = checked if before is None else before
     with progress.timed("source_read"):
         source = read_source(session, spec)
     source_view = None

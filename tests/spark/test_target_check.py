@@ -16,7 +16,12 @@ from typing import Any
 from airflow_delta_occ.engine import DeltaLog
 from airflow_delta_occ.jobs.result import JobStatus
 from airflow_delta_occ.jobs.spec import RunIdentity
-from airflow_delta_occ.operators.delta import DeltaAppendOperator, DeltaUpdateOperator
+from airflow_delta_occ.operators.delta import (
+    DeltaAppendOperator,
+    DeltaDeleteOperator,
+    DeltaOptimizeOperator,
+    DeltaUpdateOperator,
+)
 from airflow_delta_occ.spark.runner import run_job
 
 from .jobs import merge_spec, source
@@ -26,6 +31,10 @@ def _update_spec(table: str, run_id: str = "manual__1") -> Any:
     op = DeltaUpdateOperator(task_id="u", table=table, partitions={"date": "2024-01-01", "country": "DE"},
                              set={"v": "v + 1"})
     return op.build_spec(DeltaLog.for_table(table).snapshot(), RunIdentity("sales", "u", run_id))
+
+
+def _spec_of(op: Any, table: str) -> Any:
+    return op.build_spec(DeltaLog.for_table(table).snapshot(), RunIdentity("sales", op.task_id, "manual__1"))
 
 
 def _append_spec(table: str, src: str) -> Any:
@@ -56,7 +65,10 @@ def test_the_same_run_planned_after_its_commit_finds_it_already_committed(spark:
 def test_a_table_gone_after_planning_is_table_not_found_and_nothing_is_written(
         spark: Any, sales: str, tmp_path: Path) -> None:
     src = source(spark, tmp_path, "src", [(1, 10, "2024-01-01", "DE")])
-    specs = [merge_spec(sales, src, "DE", "manual__1", {}), _update_spec(sales), _append_spec(sales, src)]
+    de = {"date": "2024-01-01", "country": "DE"}
+    specs = [merge_spec(sales, src, "DE", "manual__1", {}), _update_spec(sales), _append_spec(sales, src),
+             _spec_of(DeltaDeleteOperator(task_id="d", table=sales, partitions=de, where="id = 1"), sales),
+             _spec_of(DeltaOptimizeOperator(task_id="o", table=sales, partitions=de), sales)]
     shutil.rmtree(sales)
     for spec in specs:
         result = run_job(spark, spec)

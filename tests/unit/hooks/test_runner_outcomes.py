@@ -80,3 +80,44 @@ def test_each_failure_becomes_its_status() -> None:
     assert refused == JobEnd(JobStatus.REJECTED, error="2 rows outside", error_type="SourceOutsidePartitionsError",
                              refused={"count": 2, "samples": [{"d": 1}]})
     assert _failure(OSError("disk")) == JobEnd(JobStatus.ERROR, error="OSError: disk", error_type="OSError")
+
+
+class _Refusing:
+    """A session whose write is refused by Spark's analysis; ``history`` is what the check that follows
+    meets: an exception to raise, or the rows it reads."""
+
+    def __init__(self, history: BaseException | list[dict[str, Any]]) -> None:
+        self.history, self.statements = history, []
+
+    def sql(self, text: str) -> Any:
+        from pyspark.errors import AnalysisException
+
+        self.statements.append(text)
+        if not text.startswith("DESCRIBE HISTORY"):
+            raise AnalysisException(f"[DELTA_MISSING_DELTA_TABLE] refused: {text[:20]}")
+        if isinstance(self.history, BaseException):
+            raise self.history
+        return _History(self.history).sql(text)
+
+
+def _planned(operation: str = "delete") -> JobSpec:
+    return JobSpec.from_json(json.dumps(json.loads(SPEC.to_json()) | {"operation": operation, "planned_version": 4}))
+
+
+def test_a_refused_statement_is_table_not_found_only_when_the_check_says_so() -> None:
+    from pyspark.errors import AnalysisException
+
+    from airflow_delta_occ.engine.errors import TableNotFoundError
+    from airflow_delta_occ.exceptions import StatementRefusedError
+    from airflow_delta_occ.spark.runner import _execute_once
+
+    gone = _Refusing(AnalysisException("[DELTA_MISSING_DELTA_TABLE] /lake/t is not a Delta table"))
+    with pytest.raises(TableNotFoundError, match="/lake/t"):
+        _execute_once(gone, _planned(), None, None)
+    assert [s.split(" ")[0] for s in gone.statements] == ["DELETE", "DESCRIBE"]   # checked after the refusal
+    # The table is there: the refusal stands.
+    with pytest.raises(StatementRefusedError, match="refused"):
+        _execute_once(_Refusing([_row(4, "WRITE", None)]), _planned(), None, None)
+    # The check itself fails (an outage, not an answer): the refusal stands, never "table not found".
+    with pytest.raises(StatementRefusedError, match="refused"):
+        _execute_once(_Refusing(ConnectionError("S3 503")), _planned(), None, None)

@@ -180,6 +180,11 @@ class DeltaSparkHook(BaseHook):
         waits for its lease starts its Spark work as soon as it is granted."""
         self.transport.warm_up()
 
+    @property
+    def light_warm_up(self) -> bool:
+        """Whether ``warm_up`` may start with the task, before the job is planned (it loads code only)."""
+        return self.transport.light_warm_up
+
     def job_session(self) -> contextlib.AbstractContextManager[Any]:
         """The session one job runs in; a Connect session is private to the job and closed after it
         (see ``transports.connect.ConnectTransport.job_session``)."""

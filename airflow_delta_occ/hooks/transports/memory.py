@@ -81,6 +81,7 @@ class MemoryTransport(JobTransport):
         self.connection = connection
         self.specs: list[JobSpec] = []
         self.kills = 0
+        self.warm_ups = 0
         self.kill_requested = threading.Event()
         self.hosts: list[TransportHost] = []
         self._lock = threading.Lock()
@@ -114,6 +115,9 @@ class MemoryTransport(JobTransport):
                          operation=fields.pop("operation", ""), **fields)
 
     # -- the transport ----------------------------------------------------------------------------
+    def warm_up(self) -> None:
+        self.warm_ups += 1
+
     def run(self, spec: JobSpec) -> JobResult:
         with self._lock:
             self.specs.append(spec)

@@ -601,3 +601,22 @@ def test_a_trigger_error_cancels_the_request_it_reports(
                                                                  "message": "the store kept failing"})
     assert [r.owner for r in store.records()] == ["blocker"]
     store.release(blocker, "blocker")
+
+
+def test_a_light_warm_up_starts_with_the_task_and_a_heavy_one_only_when_it_waits_in_the_worker(
+        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore, spark: _Spark) -> None:
+    """Spark Connect's client loads while the job is planned, even when the lease is granted at once
+    (it was loaded inside the granted job before); a JVM (embedded) starts only once the task waits."""
+    path, snapshot = sales_log
+    _leased_update(path, deferrable=None).execute(_context())
+    _eventually("the warm-up", lambda: spark.transport.warm_ups == 1)   # it runs in a thread
+    assert spark.runs == 1
+    spark.transport.light_warm_up = False   # as the embedded mode's
+    _leased_update(path, deferrable=None).execute(_context())
+    assert spark.transport.warm_ups == 1 and spark.runs == 2   # granted at once: nothing started early
+    blocker = _block(store, path, snapshot)
+    helper = _Background(lambda: (_waiting_request(store), time.sleep(0.3), store.release(blocker, "blocker")))
+    _leased_update(path, deferrable=None).execute(_context())
+    helper.join()
+    _eventually("the warm-up", lambda: spark.transport.warm_ups == 2)   # it waited in the worker: warmed up then
+    assert spark.runs == 3

@@ -130,15 +130,36 @@ class UnknownColumnError(PredicateError):
         super().__init__(f"unknown column {column!r}; the table has: {', '.join(available)}")
 
 
-class InvalidLiteralError(PredicateError):
-    """A literal cannot be converted to the type of the column it is compared with."""
+#: What a value of each type looks like as text, for a message that says what to write instead.
+EXPECTED_FORMS = {
+    "date": "a date as YYYY-MM-DD (for example 2024-01-31)",
+    "timestamp": "a timestamp as YYYY-MM-DD[ HH:MM:SS[.ffffff]][+HH:MM] (UTC when no offset is given)",
+    "timestamp_ntz": "a timestamp without a time zone as YYYY-MM-DD[ HH:MM:SS[.ffffff]]",
+    "boolean": "true or false",
+    "byte": "a whole number from -128 to 127",
+    "short": "a whole number from -32768 to 32767",
+    "integer": "a whole number from -2147483648 to 2147483647",
+    "long": "a whole number from -9223372036854775808 to 9223372036854775807",
+}
 
-    def __init__(self, value: object, type_name: str, column: str | None = None) -> None:
+
+class InvalidLiteralError(PredicateError):
+    """A literal cannot be converted to the type of the column it is compared with.
+
+    The message says why when the conversion said so (``reason``) and what a value of the type looks
+    like (``EXPECTED_FORMS``; a decimal's precision and scale are in its type name).
+    """
+
+    def __init__(self, value: object, type_name: str, column: str | None = None, reason: str | None = None) -> None:
         self.value = value
         self.type_name = type_name
         self.column = column
         target = f"column {column!r} of type {type_name}" if column else f"type {type_name}"
-        super().__init__(f"value {value!r} is not a valid literal for {target}")
+        message = f"value {value!r} is not a valid literal for {target}"
+        if reason:
+            message += f": {reason}"
+        expected = EXPECTED_FORMS.get(type_name)
+        super().__init__(f"{message}; expected {expected}" if expected else message)
 
 
 class ExpressionDecodeError(PredicateError):

@@ -203,8 +203,15 @@ def coerce_literal(value: Any, data_type: DataType, column: str | None = None) -
         elif name == "binary" and isinstance(value, bytes | bytearray):
             return bytes(value)
     except (ValueError, ArithmeticError, InvalidOperation) as exc:
-        raise InvalidLiteralError(value, data_type.simple_string(), column) from exc
+        raise InvalidLiteralError(value, data_type.simple_string(), column, _reason(exc)) from exc
     raise InvalidLiteralError(value, data_type.simple_string(), column)
+
+
+def _reason(exc: BaseException) -> str | None:
+    """What a failed conversion said, when it says more than that the text did not match a form
+    (Python's own word on an impossible day: "day is out of range for month")."""
+    text = str(exc).strip()
+    return None if not text or text.startswith(("not a ", "not an ", "invalid literal", "could not convert")) else text
 
 
 def _from_text(text: str, data_type: DataType) -> Any:

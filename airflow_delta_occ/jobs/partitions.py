@@ -207,6 +207,9 @@ def build_partition_filter(schema: StructType, partition_columns: Sequence[str],
     types: dict[str, DataType] = {}
     for key, raw in mapping.items():
         name = by_lower.get(str(key).lower())
+        if name is None and not partition_columns:
+            raise PartitionSpecError(f"partitions names {key!r}, but this table is not partitioned: confine the job "
+                                     "with where= (merge_condition= for a MERGE) instead")
         if name is None:
             kind = "a column of the table but not a partition column" if schema.find(str(key)) else "not a column"
             available = ", ".join(partition_columns) or "none"

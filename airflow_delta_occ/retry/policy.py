@@ -12,6 +12,7 @@ in-job loop and the task-level ``DeltaConflictRetryPolicy`` both decide from its
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import time
@@ -186,6 +187,10 @@ def resolve_policies(base: Mapping[ConflictKind, ConflictPolicy],
                 policies[kind] = replace(current, action=Action(value))
             else:
                 fields = dict(value)
+                known = [f.name for f in dataclasses.fields(ConflictPolicy)]
+                unknown = [str(name) for name in fields if name not in known]
+                if unknown:
+                    raise ValueError(f"unknown field {unknown[0]!r}; a policy's fields are {', '.join(known)}")
                 if "action" in fields:
                     fields["action"] = Action(fields["action"])
                 policies[kind] = replace(current, **fields)

@@ -92,3 +92,21 @@ def test_incomplete_jobspecs_are_refused(kwargs):
         SourceRef(path="/s", query="SELECT 1")
     with pytest.raises(JobSpecError):
         MergeClause("matched_update")
+
+
+@pytest.mark.parametrize(("partitions", "expected"), [
+    ({"date": "2024-02-30"},
+     r"day is out of range for month; expected a date as YYYY-MM-DD \(for example 2024-01-31\)"),
+    ({"date": "31/01/2024"}, r"expected a date as YYYY-MM-DD"),
+    ({"ts": "yesterday"}, r"expected a timestamp as YYYY-MM-DD\[ HH:MM:SS\[.ffffff\]\]\[\+HH:MM\]"),
+    ({"flag": "yes please"}, r"expected true or false"),
+])
+def test_a_bad_partition_value_says_what_form_is_expected(partitions, expected):
+    with pytest.raises(PartitionSpecError, match=expected):
+        build_partition_filter(SCHEMA, PARTS, partitions)
+
+
+def test_partitions_on_an_unpartitioned_table_say_to_use_where():
+    with pytest.raises(PartitionSpecError, match=r"this table is not partitioned: confine the job with where= "
+                                                 r"\(merge_condition= for a MERGE\) instead"):
+        build_partition_filter(SCHEMA, [], {"country": "DE"})

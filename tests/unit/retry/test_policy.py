@@ -299,3 +299,10 @@ def test_each_conflict_records_how_long_its_lost_attempt_ran():
     assert run_with_policies(job, policies, outcome=outcome, sleep=sleep, clock=lambda: now[0]) == "done"
     assert [c.seconds for c in outcome.conflicts] == [2.5, 4.0]
     assert outcome.lost_seconds == 6.5
+
+
+def test_an_unknown_policy_field_names_the_fields_there_are():
+    with pytest.raises(ValueError, match=r"unknown field 'tries'; a policy's fields are action, max_attempts, "
+                                         r"initial_delay, max_delay, multiplier, jitter") as refused:
+        resolve_policies(DEFAULT_POLICIES, {"ConcurrentAppendException": {"tries": 3}})
+    assert "__init__" not in str(refused.value)

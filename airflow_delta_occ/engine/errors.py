@@ -136,6 +136,8 @@ EXPECTED_FORMS = {
     "timestamp": "a timestamp as YYYY-MM-DD[ HH:MM:SS[.ffffff]][+HH:MM] (UTC when no offset is given)",
     "timestamp_ntz": "a timestamp without a time zone as YYYY-MM-DD[ HH:MM:SS[.ffffff]]",
     "boolean": "true or false",
+    "float": "a number (for example 1.5 or 2e-3)",
+    "double": "a number (for example 1.5 or 2e-3)",
     "byte": "a whole number from -128 to 127",
     "short": "a whole number from -32768 to 32767",
     "integer": "a whole number from -2147483648 to 2147483647",
@@ -154,6 +156,7 @@ class InvalidLiteralError(PredicateError):
         self.value = value
         self.type_name = type_name
         self.column = column
+        self.reason = reason
         target = f"column {column!r} of type {type_name}" if column else f"type {type_name}"
         message = f"value {value!r} is not a valid literal for {target}"
         if reason:

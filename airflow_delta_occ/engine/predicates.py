@@ -263,7 +263,8 @@ class _Binder:
         try:
             return _cast_literal(literal.value, _literal_type(literal, column), target)
         except InvalidLiteralError as exc:
-            raise InvalidLiteralError(literal.value, column.field.type.simple_string(), column.column.name) from exc
+            raise InvalidLiteralError(literal.value, column.field.type.simple_string(), column.column.name,
+                                      exc.reason) from exc
 
 
 def _expr(value: Expr | _BoundColumn) -> Expr:

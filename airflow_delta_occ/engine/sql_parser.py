@@ -621,7 +621,7 @@ class _Parser:
             try:
                 return Literal(coerce_literal(text_token.value, data_type), data_type)
             except InvalidLiteralError as exc:
-                raise InvalidLiteralError(text_token.value, word) from exc
+                raise InvalidLiteralError(text_token.value, word, reason=exc.reason) from exc
         if word == "x":
             self.advance()
             hex_token = self.advance()

@@ -174,7 +174,7 @@ def coerce_literal(value: Any, data_type: DataType, column: str | None = None) -
         if isinstance(value, bool):
             if name == "boolean":
                 return value
-            raise ValueError("boolean literal")
+            raise ValueError(f"a boolean is not a {name}")
         if name in INTEGRAL_TYPES:
             if isinstance(value, float | Decimal) and value != int(value):
                 raise ValueError("fractional value for an integral column")

@@ -304,7 +304,7 @@ class DeltaBaseOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         started = time.monotonic()
         self._kill_requested = threading.Event()   # set by on_kill: a lease wait or a granted lease stops
-        self._warm_up_early()
+        self._warm_up_early(context)
         prepared = self.prepare(context)
         if self.conflict_pool is not None:
             return self._lease_and_run(context, prepared, started).to_dict()
@@ -342,7 +342,7 @@ class DeltaBaseOperator(BaseOperator):
         Raises:
             LeaseStoreError: the trigger reported an error (no usable store, the request unreadable).
         """
-        self._warm_up_early()
+        self._warm_up_early(context)
         if event and event.get("status") == "near":
             # The grant is expected within seconds: wait the rest here, with the job prepared and its
             # session opening, so it starts as soon as the lease is granted (the request kept its place).
@@ -456,11 +456,22 @@ class DeltaBaseOperator(BaseOperator):
         return holding.WaitRule.of(self.deferrable, pool, default_deferrable=config.default_deferrable(),
                                    worker_wait=config.worker_wait())
 
-    def _warm_up_early(self) -> None:
+    def _warm_up_early(self, context: Any) -> None:
         """Load what the job's Spark client needs while the table is read and the job planned, when the
         mode's warm-up only loads code (Spark Connect's client: about half a second that was otherwise
-        spent after the lease was granted, on a chain of conflicting writers' critical path)."""
-        if self.hook.light_warm_up:
+        spent after the lease was granted, on a chain of conflicting writers' critical path).
+
+        Never raises: it runs before the steps that give a lease or a place in line back when they
+        fail, so a hook that cannot be built fails there (in ``prepare``), where that is handled.
+        The OpenLineage properties go first: the hook built here is the job's (they are part of it).
+        """
+        try:
+            self._inject_openlineage_properties(context)
+            light = self.hook.light_warm_up
+        except Exception as exc:
+            self.log.debug("no early warm-up (the job meets this again where it is handled): %s", exc)
+            return
+        if light:
             self._warm_up()
 
     def _warm_up(self) -> None:
@@ -600,9 +611,10 @@ class DeltaBaseOperator(BaseOperator):
         if transport:
             properties = inject_transport_information_into_spark_properties(properties, context)
         injected = {k: str(v) for k, v in properties.items() if k not in self.spark_conf}
-        if injected != self._openlineage_conf:
-            self._openlineage_conf = injected
-            self.__dict__.pop("hook", None)  # the hook takes its spark_conf when it is built
+        if injected == self._openlineage_conf:
+            return   # nothing new (a second call in this try): the hook built stays, nothing to log
+        self._openlineage_conf = injected
+        self.__dict__.pop("hook", None)  # the hook takes its spark_conf when it is built
         if parent:
             self.log.info("OpenLineage: the Spark job is handed run %s (%s) as its parent",
                           properties.get("spark.openlineage.parentRunId"),

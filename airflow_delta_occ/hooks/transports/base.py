@@ -87,8 +87,8 @@ class JobTransport(ABC):
     #: default S3 LogStore keeps commits exclusive; ``False``: a driver per job (see ``use_storage``).
     one_driver: bool = False
     #: Whether ``warm_up`` only loads code (it opens no session and reads no setting), so it can start
-    #: with the task, before the job is planned and its storage settings are known.
-    light_warm_up: bool = True
+    #: with the task, before the job is planned and its storage settings are known. A mode opts in.
+    light_warm_up: bool = False
 
     def __init__(self, host: TransportHost) -> None:
         self.host = host

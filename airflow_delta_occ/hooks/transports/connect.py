@@ -43,6 +43,7 @@ def connect_url(extras: Mapping[str, Any], conn_id: str | None) -> str:
 class ConnectTransport(SessionTransport):
     mode = "connect"
     one_driver = True
+    light_warm_up = True   # its warm-up imports the client, nothing more
 
     def connect_url(self) -> str:
         return connect_url(self.host.extras, self.host.delta_conn_id)

@@ -40,9 +40,6 @@ class EmbeddedTransport(SessionTransport):
             hadoop_conf.set(key, value)
         return spark
 
-    #: Its warm-up starts the JVM with the job's storage settings: only once the job is planned.
-    light_warm_up = False
-
     def warm_up(self) -> None:
         """Start the process's session (the JVM: seconds) before the job needs it."""
         self.get_spark()

@@ -67,6 +67,7 @@ class MemoryTransport(JobTransport):
 
     mode = "memory"
     one_driver = True  # nothing is written: no S3 commit to lose
+    light_warm_up = True  # it counts warm-ups (``warm_ups``); a test may set False to act as embedded
 
     def __init__(self, outcomes: Handler | Iterable[Outcome] = (), *,
                  tables: Mapping[str, str | TableDescription] | None = None,

@@ -110,3 +110,10 @@ def test_partitions_on_an_unpartitioned_table_say_to_use_where():
     with pytest.raises(PartitionSpecError, match=r"this table is not partitioned: confine the job with where= "
                                                  r"\(merge_condition= for a MERGE\) instead"):
         build_partition_filter(SCHEMA, [], {"country": "DE"})
+
+
+def test_a_bad_typed_literal_in_a_condition_says_why():
+    from airflow_delta_occ.engine.errors import InvalidLiteralError
+
+    with pytest.raises(InvalidLiteralError, match="day is out of range for month; expected a date as YYYY-MM-DD"):
+        parse_predicate("date = DATE'2024-02-30'")

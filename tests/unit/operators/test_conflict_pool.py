@@ -615,8 +615,28 @@ def test_a_light_warm_up_starts_with_the_task_and_a_heavy_one_only_when_it_waits
     _leased_update(path, deferrable=None).execute(_context())
     assert spark.transport.warm_ups == 1 and spark.runs == 2   # granted at once: nothing started early
     blocker = _block(store, path, snapshot)
-    helper = _Background(lambda: (_waiting_request(store), time.sleep(0.3), store.release(blocker, "blocker")))
+
+    def release_once_warmed_up() -> None:
+        _waiting_request(store)
+        _eventually("the warm-up of a wait in the worker", lambda: spark.transport.warm_ups == 2)
+        store.release(blocker, "blocker")
+
+    helper = _Background(release_once_warmed_up)
     _leased_update(path, deferrable=None).execute(_context())
     helper.join()
-    _eventually("the warm-up", lambda: spark.transport.warm_ups == 2)   # it waited in the worker: warmed up then
-    assert spark.runs == 3
+    assert spark.transport.warm_ups == 2 and spark.runs == 3
+
+
+def test_a_resumed_task_whose_hook_cannot_be_built_still_gives_its_lease_back(
+        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore, spark: _Spark) -> None:
+    """The early warm-up builds the hook before anything else; a connection that is gone must fail the
+    try where the lease is given back, not before."""
+    path, snapshot = sales_log
+    blocker, request_id = _deferred_behind_a_blocker(store, path, snapshot)
+    store.release(blocker, "blocker")   # granted in the triggerer
+    event = {"status": "granted", "request_id": request_id, "waited": 1.0, "blockers_seen": []}
+    op = _leased_update(path)
+    op.delta_conn_id = "no_such_connection"
+    with pytest.raises(Exception, match="no_such_connection"):
+        op.execute_complete(_context(), event=event)
+    assert store.records() == [] and spark.runs == 0

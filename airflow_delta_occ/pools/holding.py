@@ -262,18 +262,19 @@ class BlockersSeen:
         self._current: tuple[tuple[str | None, str | None, str], ...] = ()
         for b in earlier:
             request_id, owner = b.get("request_id"), b.get("owner")
-            key = (None if request_id is None else str(request_id), None if owner is None else str(owner))
-            if key not in self._seen and len(self._seen) < MAX_BLOCKERS_SEEN:
-                self._seen[key] = {"request_id": key[0], "owner": key[1],
-                                   "reason": str(b.get("reason") or "")[:MAX_REASON_LENGTH]}
+            self._add(None if request_id is None else str(request_id), None if owner is None else str(owner),
+                      str(b.get("reason") or ""))
+
+    def _add(self, request_id: str | None, owner: str | None, reason: str) -> None:
+        if (request_id, owner) not in self._seen and len(self._seen) < MAX_BLOCKERS_SEEN:
+            self._seen[(request_id, owner)] = {"request_id": request_id, "owner": owner,
+                                               "reason": reason[:MAX_REASON_LENGTH]}
 
     def update(self, blockers: Iterable[Blocker]) -> list[Blocker]:
         """Record ``blockers``; returns them when they differ from the previous poll's (to log), else []."""
         now = list(blockers)
         for b in now:
-            if (b.request_id, b.owner) not in self._seen and len(self._seen) < MAX_BLOCKERS_SEEN:
-                self._seen[(b.request_id, b.owner)] = {"request_id": b.request_id, "owner": b.owner,
-                                                       "reason": b.reason[:MAX_REASON_LENGTH]}
+            self._add(b.request_id, b.owner, b.reason)
         current = tuple((b.request_id, b.owner, b.reason) for b in now)
         changed, self._current = current != self._current, current
         return now if changed else []

@@ -98,7 +98,7 @@ class DeltaLeaseTrigger(BaseTrigger):
         return (f"{type(self).__module__}.{type(self).__qualname__}",
                 {"lease_conn_id": self.lease_conn_id, "request_id": self.request_id, "owner": self.owner,
                  "request": self.request, "poll_interval": self.poll_interval, "resume_ahead": self.resume_ahead,
-                  "blockers_seen": self.blockers_seen})
+                 "blockers_seen": self.blockers_seen})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         loop = asyncio.get_running_loop()

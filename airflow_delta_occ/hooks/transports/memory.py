@@ -117,7 +117,8 @@ class MemoryTransport(JobTransport):
 
     # -- the transport ----------------------------------------------------------------------------
     def warm_up(self) -> None:
-        self.warm_ups += 1
+        with self._lock:   # called from the operator's warm-up thread
+            self.warm_ups += 1
 
     def run(self, spec: JobSpec) -> JobResult:
         with self._lock:

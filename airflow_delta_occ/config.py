@@ -79,6 +79,22 @@ def task_retries() -> int:
 
 
 MAX_WORKER_WAIT_SECONDS = 86_400.0
+DEFAULT_MIN_HEARTBEAT_INTERVAL = 5.0   # Airflow's own default for [workers] min_heartbeat_interval
+
+
+def worker_exit_notice() -> float:
+    """Airflow's ``[workers] min_heartbeat_interval`` (seconds; its default 5 when unset or unreadable):
+    how long a worker's supervisor may sleep before it notices that its task process ended, so how late
+    the scheduler may learn that a deferring task's process exited (``triggers.lease.settle_seconds``).
+    Airflow's option, not this provider's: a malformed value is Airflow's to report, so the default
+    stands in for it here."""
+    from airflow.sdk import conf
+
+    try:
+        value = float(conf.get("workers", "min_heartbeat_interval", fallback=str(DEFAULT_MIN_HEARTBEAT_INTERVAL)))
+    except (TypeError, ValueError):
+        return DEFAULT_MIN_HEARTBEAT_INTERVAL
+    return value if 0 <= value <= MAX_WORKER_WAIT_SECONDS else DEFAULT_MIN_HEARTBEAT_INTERVAL
 
 
 def worker_wait() -> float:

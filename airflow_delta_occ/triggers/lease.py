@@ -24,11 +24,16 @@ with ``execute_complete(context, event=...)`` where ``event`` is one of:
 Between full polls the trigger reads the pool's revision every ``DEFERRED_WAKE_SECONDS`` (one cheap read
 without the pool's lock) and polls at once when it moved, so a grant is seen within that time.
 
-An event is never sent sooner than ``SETTLE_SECONDS`` after the trigger started. Airflow 3.3 (apache/airflow
+An event is never sent sooner than ``settle_seconds()`` after the trigger started. Airflow 3.3 (apache/airflow
 #72716, fixes open as #72767 and #71579) fails a task whose trigger fires so soon after the deferral that
 the resumed try is running before the scheduler has read the deferring process's exit: it takes that
-stale exit for the resumed try's and marks the task for retry. An adaptive wait that defers just as its
-holder releases met exactly that in the demo; waiting out the first seconds costs only such waits.
+stale exit for the resumed try's and marks the task for retry. How late that exit can be read is set by
+Airflow itself: the worker's supervisor may read the end of the task's output just before the process
+is reaped, and then sleeps ``[workers] min_heartbeat_interval`` (5 s by default) before it looks again.
+So the settling time is that interval plus ``SETTLE_MARGIN_SECONDS`` (the scheduler's loop). It costs
+only waits granted within those seconds of the deferral, which the adaptive rule keeps in the worker
+unless its estimate was wrong; a fixed 3 s was not enough on a loaded machine (CI: the exit was read
+5.03 s after the deferral, and the resumed task was failed while its write committed).
 
 The triggerer must not load pyarrow or Spark for every trigger it runs: the store, the request types
 and the engine they import are loaded inside ``run()``, in a thread. Connections are read with
@@ -63,7 +68,15 @@ if TYPE_CHECKING:
     from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
     from airflow_delta_occ.pools.requests import LeaseRequest
 
-SETTLE_SECONDS = 3.0   # no event sooner than this after the trigger starts (see the module docstring)
+SETTLE_MARGIN_SECONDS = 2.0   # beyond the worker's exit notice, for the scheduler's loop (module docstring)
+
+
+def settle_seconds() -> float:
+    """No event sooner than this after the trigger starts: Airflow's ``[workers] min_heartbeat_interval``
+    (the longest a worker may take to notice the deferring process ended) plus ``SETTLE_MARGIN_SECONDS``."""
+    from airflow_delta_occ import config
+
+    return config.worker_exit_notice() + SETTLE_MARGIN_SECONDS
 
 
 class DeltaLeaseTrigger(BaseTrigger):
@@ -102,10 +115,10 @@ class DeltaLeaseTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         loop = asyncio.get_running_loop()
-        started = loop.time()
+        started, settle = loop.time(), settle_seconds()
         payload = await self.wait_for_grant()
         # A granted lease stays this owner's: its TTL runs from the poll that reported the grant.
-        await asyncio.sleep(max(0.0, started + SETTLE_SECONDS - loop.time()))
+        await asyncio.sleep(max(0.0, started + settle - loop.time()))
         yield TriggerEvent(payload)  # type: ignore[no-untyped-call]  # untyped in Airflow
 
     async def wait_for_grant(self) -> dict[str, Any]:

@@ -287,10 +287,12 @@ def _windows(events: list[AuditEvent]) -> dict[str, tuple[float, float]]:
     grants = {e.request_id: e for e in events if e.kind is AuditKind.GRANT}
     ends = {e.request_id: e.at for e in events if e.kind in (AuditKind.RELEASE, AuditKind.EXPIRE)}
     windows: dict[str, tuple[float, float]] = {}
+    owners: dict[str, str] = {}
     for request_id, grant in grants.items():
         task = _task(grant.owner)
-        assert task not in windows, f"{task} was granted twice"
-        windows[task] = (grant.at, ends[request_id])
+        # The owner names the try: a second grant to a later try means Airflow retried the task.
+        assert task not in windows, f"{task} was granted twice: to {owners[task]} and to {grant.owner}"
+        windows[task], owners[task] = (grant.at, ends[request_id]), grant.owner
     return windows
 
 

@@ -398,10 +398,15 @@ class DeltaBaseOperator(BaseOperator):
         pool = required_pool(str(self.conflict_pool))
         rule = self._wait_rule(pool)
         owner = lease_owner(context)
-        request = holding.request_for(pool, table=pooled_table(pool, prepared.location), owner=owner,
-                                      footprint=prepared.footprint, snapshot=prepared.snapshot)
+        table = pooled_table(pool, prepared.location)
         store = self._lease_store()
         try:
+            # How long this table's leases of each kind were held: the request says what it expects to
+            # hold (the arbiter may grant it beside a holder, ahead of a request that waits longer), and
+            # an adaptive wait weighs its expected wait with it.
+            estimate = holding.WaitEstimate.read(store, table, self.log)
+            request = holding.request_for(pool, table=table, owner=owner, footprint=prepared.footprint,
+                                          snapshot=prepared.snapshot, estimate=estimate)
             state = store.acquire(request)
             account = holding.BlockersSeen(seen or [])
             account.update(state.blockers)
@@ -416,10 +421,9 @@ class DeltaBaseOperator(BaseOperator):
             self.log.info("conflict pool %s: lease request %s on %s waits for %s (waiting: %s)", pool.name,
                           state.request_id, request.table, holding.describe_wait(state), rule.where.value)
             if rule.where is not holding.WaitWhere.DEFERRED:
-                estimate = holding.WaitEstimate.read(store, request.table, self.log) \
-                    if rule.where is holding.WaitWhere.ADAPTIVE and not came_back else None
                 waited = holding.wait_in_worker(store, request, state, self._poll_interval(deferred=False),
-                                                self.log, self._kill_requested, rule=rule, estimate=estimate,
+                                                self.log, self._kill_requested, rule=rule,
+                                                estimate=None if came_back else estimate,
                                                 staying=self._warm_up, seen=seen)
                 if waited.granted:
                     lease = HeldLease(pool.name, waited.state.request_id, owner, waited.state.waited or 0.0,

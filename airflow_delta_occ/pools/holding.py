@@ -151,25 +151,38 @@ class WaitRule:
 class WaitEstimate:
     """How long a waiting request can expect to wait, from the store alone: how long this table's
     leases stayed held lately (the audit: each grant to its release), and when each lease that blocks
-    the request was granted (the records)."""
+    the request was granted (the records). Also how long each kind of job held it (``hold_of``): what a
+    new request says it expects to hold (``LeaseRequest.expected_hold``, for the arbiter's rule 2a)."""
 
     typical_hold: float | None   # median of the table's last completed holds; None: none seen yet
     holds_seen: int = 0
+    by_operation: Mapping[str, float] = field(default_factory=dict)   # operation -> median of its last holds
 
     @classmethod
     def from_history(cls, events: Sequence[AuditEvent]) -> WaitEstimate:
         """From a table's audit events, oldest first."""
-        from airflow_delta_occ.pools.requests import AuditKind
+        from airflow_delta_occ.pools.requests import AuditKind, operation_of
 
-        granted: dict[str, float] = {}
-        holds: list[float] = []
+        granted: dict[str, tuple[float, str]] = {}
+        holds: list[tuple[str, float]] = []
         for event in events:
             if event.kind is AuditKind.GRANT:
-                granted[event.request_id] = event.at
+                granted[event.request_id] = (event.at, operation_of(event.summary))
             elif event.kind is AuditKind.RELEASE and event.request_id in granted:
-                holds.append(max(0.0, event.at - granted.pop(event.request_id)))
-        holds = holds[-HOLDS_REMEMBERED:]
-        return cls(statistics.median(holds) if holds else None, len(holds))
+                at, operation = granted.pop(event.request_id)
+                holds.append((operation, max(0.0, event.at - at)))
+        kinds: dict[str, list[float]] = {}
+        for operation, seconds in holds:
+            if operation:
+                kinds.setdefault(operation, []).append(seconds)
+        recent = [seconds for _, seconds in holds[-HOLDS_REMEMBERED:]]
+        return cls(statistics.median(recent) if recent else None, len(recent),
+                   {op: statistics.median(seen[-HOLDS_REMEMBERED:]) for op, seen in kinds.items()})
+
+    def hold_of(self, operation: str) -> float | None:
+        """The median hold of this table's last leases of ``operation`` (``Operation`` value); ``None``
+        when none was seen: another kind's holds say nothing about it (an OPTIMIZE is no append)."""
+        return self.by_operation.get(operation)
 
     @classmethod
     def read(cls, store: LeaseStore, table: str, log: Log | None = None) -> WaitEstimate:
@@ -224,15 +237,16 @@ def granted_times(store: LeaseStore, table: str) -> dict[str, float | None]:
 
 # -- the request ----------------------------------------------------------------------------------
 def request_for(pool: Pool, *, table: str, owner: str, footprint: Footprint, snapshot: Snapshot,
-                ttl: float | None = None) -> LeaseRequest:
+                ttl: float | None = None, estimate: WaitEstimate | None = None) -> LeaseRequest:
     """The request for ``footprint`` on ``table`` (normalized, in ``pool``), with the pool's model,
-    writer limit and TTL (or ``ttl``) copied in."""
+    writer limit and TTL (or ``ttl``) copied in, and the hold ``estimate`` expects of its kind of job."""
     from airflow_delta_occ.engine.planner import TableState
     from airflow_delta_occ.pools.requests import LeaseRequest
 
     return LeaseRequest.of(pool=pool.name, table=table, owner=owner, footprint=footprint,
                            table_state=TableState.of(snapshot), model=pool.model, max_writers=pool.max_writers,
-                           ttl=ttl or pool.lease_ttl)
+                           ttl=ttl or pool.lease_ttl,
+                           expected_hold=None if estimate is None else estimate.hold_of(footprint.operation.value))
 
 
 def blocker_names(blockers: Iterable[Blocker | Mapping[str, Any]]) -> list[str]:

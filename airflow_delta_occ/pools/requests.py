@@ -35,6 +35,12 @@ class LeaseRequest:
     writer limit and TTL are copied in by the caller from the pool file, so a store needs no
     configuration of its own. The footprint is kept per partition (``compact``): a lease compares
     partitions, never files.
+
+    ``expected_hold`` (seconds; ``None``: unknown) is how long a lease of this kind of job on this table
+    was held lately (``pools.holding.WaitEstimate``). It lets the arbiter grant the request ahead of an
+    earlier one it conflicts with when it is expected to end before that one can start (``arbiter``);
+    like the summary, it is no part of what the job will do, so asking again with another estimate is no
+    re-plan.
     """
 
     pool: str
@@ -46,10 +52,12 @@ class LeaseRequest:
     max_writers: int | None = None
     ttl: float = 300.0
     summary: str = field(default="", compare=False)
+    expected_hold: float | None = field(default=None, compare=False)
 
     @classmethod
     def of(cls, *, pool: str, table: str, owner: str, footprint: Footprint, table_state: TableState,
-           model: Model = "delta", max_writers: int | None = None, ttl: float = 300.0) -> LeaseRequest:
+           model: Model = "delta", max_writers: int | None = None, ttl: float = 300.0,
+           expected_hold: float | None = None) -> LeaseRequest:
         """A checked request; the audit summary is taken from the full footprint before it is compacted.
 
         Raises:
@@ -57,7 +65,7 @@ class LeaseRequest:
         """
         request = cls(pool=pool, table=table, owner=owner, footprint=compact(footprint), table_state=table_state,
                       model=model, max_writers=max_writers, ttl=ttl,
-                      summary=summarize(footprint, table_state.version))
+                      summary=summarize(footprint, table_state.version), expected_hold=expected_hold)
         request.check()
         return request
 
@@ -76,6 +84,10 @@ class LeaseRequest:
         if isinstance(self.ttl, bool) or not isinstance(self.ttl, int | float) or not math.isfinite(self.ttl) \
                 or self.ttl <= 0:
             raise LeaseRequestError(f"ttl must be a positive number of seconds, got {_shown(self.ttl)}")
+        hold = self.expected_hold
+        if hold is not None and (isinstance(hold, bool) or not isinstance(hold, int | float)
+                                 or not math.isfinite(hold) or hold < 0):
+            raise LeaseRequestError(f"expected_hold must be a number of seconds from 0 or null, got {_shown(hold)}")
 
     @property
     def planned(self) -> PlannedJob:
@@ -89,7 +101,7 @@ class LeaseRequest:
     def to_json(self) -> dict[str, Any]:
         return {"pool": self.pool, "table": self.table, "owner": self.owner, "footprint": self.footprint.to_json(),
                 "table_state": self.table_state.to_json(), "model": self.model, "max_writers": self.max_writers,
-                "ttl": self.ttl, "summary": self.summary}
+                "ttl": self.ttl, "summary": self.summary, "expected_hold": self.expected_hold}
 
     @classmethod
     def from_json_text(cls, text: str) -> LeaseRequest:
@@ -128,7 +140,8 @@ class LeaseRequest:
             raise LeaseRequestError(f"lease request: summary must be a string, got {_shown(summary)}")
         request = cls(pool=fields.get("pool", ""), table=fields.get("table", ""), owner=fields.get("owner", ""),
                       footprint=footprint, table_state=state, model=fields.get("model", "delta"),
-                      max_writers=fields.get("max_writers"), ttl=fields.get("ttl", 300.0), summary=summary)
+                      max_writers=fields.get("max_writers"), ttl=fields.get("ttl", 300.0), summary=summary,
+                      expected_hold=fields.get("expected_hold"))
         request.check()
         return request
 
@@ -152,6 +165,11 @@ def summarize(fp: Footprint, version: int) -> str:
     if fp.metadata is not None or fp.protocol is not None:
         parts.append("changes the table's metadata")
     return "; ".join(parts)
+
+
+def operation_of(summary: str) -> str:
+    """The operation a ``summarize`` line names (its first word: ``UPDATE``, ``OPTIMIZE``...); "" if none."""
+    return summary.split(" ", 1)[0] if summary else ""
 
 
 class LeaseStatus(StrEnum):

@@ -115,6 +115,8 @@ def test_sixteen_processes_never_hold_conflicting_leases(contention: Contention)
     # on its table as it arrives: what acquire() told the workers matches the re-judged audit, request by request
     assert run.counts["waited"] == analysis.waited_for_conflict, report
     assert analysis.max_holders[POOL] > 1, report   # leases were held concurrently, not one at a time
+    # rule 2a ran under this load (64-72 grants went ahead in a 20 s run here), each judged legal by the analyser
+    assert analysis.went_ahead >= 5, report
 
 
 def test_a_heartbeating_holder_in_another_pool_keeps_its_lease(contention: Contention) -> None:

@@ -142,9 +142,9 @@ def find_item(menu: Mapping[str, Sequence[MenuItem]], table: str, label: str) ->
 
 
 def request_for(item: MenuItem, owner: str, *, pool: str = POOL, max_writers: int | None = None,
-                ttl: float = TTL) -> LeaseRequest:
+                ttl: float = TTL, expected_hold: float | None = None) -> LeaseRequest:
     return LeaseRequest.of(pool=pool, table=item.table, owner=owner, footprint=item.footprint,
-                           table_state=item.state, max_writers=max_writers, ttl=ttl)
+                           table_state=item.state, max_writers=max_writers, ttl=ttl, expected_hold=expected_hold)
 
 
 # -- the worker ---------------------------------------------------------------------------------------------------
@@ -186,8 +186,11 @@ def run_worker(spec: WorkerSpec, barrier: Any, results: Any, grants: Any) -> Non
 def _work(spec: WorkerSpec, barrier: Any, grants: Any) -> dict[str, Any]:
     store = SqlLeaseStore(spec.url)
     menu = build_menu(spec.tables)
-    templates = {table: [request_for(i, f"w{spec.worker}", pool=spec.pool, max_writers=spec.max_writers, ttl=spec.ttl)
-                         for i in items] for table, items in menu.items()}
+    # Every request says what it expects to hold (the mean hold), as the operators do from the audit, so the
+    # arbiter's rule 2a (going ahead in the holders' shadow) runs under this load and ``analyse`` judges it.
+    expected = sum(spec.hold) / 2
+    templates = {table: [request_for(i, f"w{spec.worker}", pool=spec.pool, max_writers=spec.max_writers, ttl=spec.ttl,
+                                     expected_hold=expected) for i in items] for table, items in menu.items()}
     weights = {table: [i.weight for i in items] for table, items in menu.items()}
     tables = sorted(menu)
     rng = random.Random(spec.seed)
@@ -472,6 +475,7 @@ class Grant:
     ended_at: float | None = None
     end: AuditKind | None = None
     blocked_by: str | None = None   # a live request it could conflict with when it arrived (so it had to wait)
+    went_ahead: bool = False        # granted ahead of an earlier request it can conflict with (rule 2a)
 
     @property
     def wait(self) -> float:
@@ -490,7 +494,14 @@ class Analysis:
 
     @property
     def waited_for_conflict(self) -> int:
-        return sum(1 for g in self.grants if g.blocked_by is not None)
+        """Grants that waited because a request they can conflict with was live when they arrived (one that
+        went ahead of it by rule 2a in its arrival's transaction did not wait)."""
+        return sum(1 for g in self.grants if g.blocked_by is not None
+                   and not (g.went_ahead and g.granted_at == g.requested_at))
+
+    @property
+    def went_ahead(self) -> int:
+        return sum(1 for g in self.grants if g.went_ahead)
 
     @property
     def max_wait(self) -> float:
@@ -498,7 +509,8 @@ class Analysis:
 
     def report(self, limit: int = 20) -> str:
         bound = f"{self.bound.seconds:.2f} s" if self.bound is not None else "not checked"
-        lines = [f"{len(self.grants)} grants, {self.waited_for_conflict} waited for a conflict; max wait "
+        lines = [f"{len(self.grants)} grants, {self.waited_for_conflict} waited for a conflict, {self.went_ahead} "
+                 f"went ahead in the holders' shadow; max wait "
                  f"{self.max_wait:.3f} s (bound {bound}); most holders at once per pool {self.max_holders}; "
                  f"events {dict(sorted(self.kinds.items()))}"]
         lines += self.problems[:limit]
@@ -538,6 +550,13 @@ def _describe(request: LeaseRequest) -> str:
     return f"{request.owner} [{request.footprint.label}]"
 
 
+def _in_shadow(granted: LeaseRequest, at: float, holders: Sequence[Grant]) -> bool:
+    """Whether a grant at ``at`` may go ahead of a waiter that waits for ``holders`` (the arbiter's rule 2a)."""
+    if granted.expected_hold is None or not holders or any(h.request.expected_hold is None for h in holders):
+        return False
+    return at + granted.expected_hold <= max(h.granted_at + (h.request.expected_hold or 0.0) for h in holders)
+
+
 def analyse(events: Sequence[AuditEvent], *, bound: WaitBound | None = None) -> Analysis:
     """Re-judge a pool's audit (``history``, oldest first) and list every broken property.
 
@@ -546,13 +565,17 @@ def analyse(events: Sequence[AuditEvent], *, bound: WaitBound | None = None) -> 
 
     a. no two leases held at the same time can conflict (``lease_verdict`` on the requests rebuilt from their
        REQUEST or latest REPLAN detail before the grant), and no request is granted while an earlier waiter
-       it can conflict with still waits (the fairness rule);
+       it can conflict with still waits (the fairness rule), unless it went ahead in the shadow of the
+       holders (``arbiter`` rule 2a, judged here on the audit's own times): it and every lease held then that
+       can conflict with the waiter carry an expected hold, and its grant plus its expected hold is no later
+       than the last of those leases' grant plus expected hold;
     b. every GRANT ends with a RELEASE or an EXPIRE, and nothing ends or renews a lease that was not held;
     c. a pool never holds more leases than a granted request's ``max_writers``;
     d. with ``bound``, every wait (GRANT.at - REQUEST.at, the store's clock) is within ``bound.seconds``;
     e. no request waits longer than the requests that were live on its table when it arrived: fairness means
        only those can delay it, so it is granted at the latest in the transaction that releases or cancels
-       the last of them (same store time). Not checked for a pool with a writer limit (a later request that
+       the last of them (same store time), or of the requests that went ahead of it by rule 2a. Not checked
+       for a pool with a writer limit (a later request that
        cannot conflict may take the free slot) nor when that last one expired or was abandoned (an expiry
        noticed by ``renew`` grants nobody until the next operation).
     """
@@ -569,6 +592,7 @@ def analyse(events: Sequence[AuditEvent], *, bound: WaitBound | None = None) -> 
     held: dict[tuple[str, str], dict[str, Grant]] = {}
     held_in_pool: Counter[str] = Counter()
     grants: dict[str, Grant] = {}
+    overtaken_by: dict[str, list[str]] = {}                    # request id -> requests granted ahead of it (2a)
     problems = analysis.problems
     for position, event in enumerate(ordered):
         analysis.kinds[event.kind.value] += 1
@@ -608,11 +632,15 @@ def analyse(events: Sequence[AuditEvent], *, bound: WaitBound | None = None) -> 
                         f"(a) conflicting leases held together on {event.pool}/{event.table}: "
                         f"{_describe(holder.request)} held since {holder.granted_at:.3f} and {_describe(granted)} "
                         f"granted at {event.at:.3f} before it ended; lease_verdict: {verdict.reason}")
-            mine = arrival[rid][0]
+            mine, went_ahead = arrival[rid][0], False
             for other_id in live.get(key, {}):
                 if other_id != rid and other_id not in grants and arrival[other_id][0] < mine:
                     verdict = judge.conflict(granted, requests[other_id])
-                    if verdict is not None:
+                    if verdict is not None and _in_shadow(granted, event.at, [
+                            h for h in held.get(key, {}).values() if judge.conflict(requests[other_id], h.request)]):
+                        overtaken_by.setdefault(other_id, []).append(rid)
+                        went_ahead = True
+                    elif verdict is not None:
                         problems.append(
                             f"(a) fairness: {_describe(granted)} granted at {event.at:.3f} over the earlier waiter "
                             f"{_describe(requests[other_id])} it can conflict with: {verdict.reason}")
@@ -623,7 +651,7 @@ def analyse(events: Sequence[AuditEvent], *, bound: WaitBound | None = None) -> 
                 problems.append(f"(c) {count} leases held in pool {event.pool!r} at {event.at:.3f} after granting "
                                 f"{_describe(granted)}, over its writer limit of {granted.max_writers}")
             grant = Grant(rid, event.pool, event.table, event.owner, granted, arrival[rid][1], event.at, position,
-                          blocked_by=blocked_by.get(rid))
+                          blocked_by=blocked_by.get(rid), went_ahead=went_ahead)
             grants[rid] = grant
             held.setdefault(key, {})[rid] = grant
         elif event.kind in (AuditKind.RELEASE, AuditKind.EXPIRE):
@@ -651,8 +679,9 @@ def analyse(events: Sequence[AuditEvent], *, bound: WaitBound | None = None) -> 
     for grant in analysis.grants:
         if grant.request.max_writers is not None:
             continue
-        before = [ended[r] for r in ahead.get(grant.request_id, ()) if r in ended]
-        if len(before) < len(ahead.get(grant.request_id, ())):
+        delaying = [*ahead.get(grant.request_id, ()), *overtaken_by.get(grant.request_id, ())]
+        before = [ended[r] for r in delaying if r in ended]
+        if len(before) < len(delaying):
             continue  # one ahead of it never ended: reported under (b)
         last_at, last_kind = max(before, default=(grant.requested_at, AuditKind.REQUEST))
         if last_kind in (AuditKind.EXPIRE, AuditKind.ABANDON):

@@ -223,7 +223,8 @@ class LeaseStore(ABC):
         if mine.record.status is LeaseStatus.GRANTED:
             return LeaseState(request_id, LeaseStatus.GRANTED, now, mine.record)
         decision = decide([_candidate(r) for r in rows if r.record.status is LeaseStatus.GRANTED],
-                          [_candidate(r) for r in rows if r.record.status is LeaseStatus.WAITING], self.judge)
+                          [_candidate(r) for r in rows if r.record.status is LeaseStatus.WAITING], self.judge,
+                          now=now)
         if decision.granted:
             return None   # a grant is due (a release that granted nothing, a limit raised): make it under the lock
         return LeaseState(request_id, LeaseStatus.WAITING, now, mine.record, decision.blockers.get(request_id, ()))
@@ -313,7 +314,7 @@ class LeaseStore(ABC):
         live = self._expire(txn)
         holders = [_candidate(r) for r in live if r.record.status is LeaseStatus.GRANTED]
         waiters = [_candidate(r) for r in live if r.record.status is LeaseStatus.WAITING]
-        decision = decide(holders, waiters, self.judge)
+        decision = decide(holders, waiters, self.judge, now=txn.now)
         by_id = {r.request_id: r for r in live}
         for granted_id in decision.granted:
             row = by_id[granted_id]
@@ -355,7 +356,8 @@ def _request_detail(request: LeaseRequest) -> str:
 def _candidate(row: Row) -> Candidate:
     return Candidate(request_id=row.request_id, key=(row.request_id, row.revision), table=row.record.table,
                      owner=row.record.owner, load=lambda: row.request.planned, model=row.model,
-                     max_writers=row.max_writers)
+                     max_writers=row.max_writers, granted_at=row.record.granted_at,
+                     hold=lambda: row.request.expected_hold)
 
 
 def newest(events: Sequence[AuditEvent], limit: int) -> list[AuditEvent]:

@@ -9,6 +9,7 @@ cannot break: a request is gone after its TTL, never before its deadline on that
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -61,6 +62,11 @@ def _at(moment: float) -> Any:
     """``moment`` on the store's clock, to the millisecond (pytest's default tolerance is relative: at
     epoch seconds it would accept half an hour)."""
     return pytest.approx(moment, abs=1e-3)
+
+
+def _expecting(request: LeaseRequest, seconds: float) -> LeaseRequest:
+    """``request`` with an expected hold (what the operators put in from the table's audit)."""
+    return dataclasses.replace(request, expected_hold=seconds)
 
 
 def _wait_until(check: Callable[[], bool], timeout: float = 60.0) -> None:
@@ -159,6 +165,69 @@ class LeaseStoreContract:
         assert store.poll(fr.request_id, "fr").status is LeaseStatus.WAITING
         store.release(compaction.request_id, "compaction")
         assert store.poll(fr.request_id, "fr").granted
+
+    # -- 4a: going ahead in the shadow of the holders (the arbiter's rule 2a) ---------------------
+    def test_a_request_expected_to_end_before_an_earlier_one_can_start_goes_ahead_of_it(
+            self, clocked_store: LeaseStore, clock: Clock, request_for: Request) -> None:
+        """The unpartitioned-table chain of the headline benchmark, in small: a compaction holds, a reader of
+        DE waits for it, an append into DE conflicts only with the reader. Expected to end before the
+        compaction does, the append is granted beside it; the reader then waits for both, and is granted
+        once both are released."""
+        store, t0 = clocked_store, clock.now
+        compaction = store.acquire(_expecting(request_for("compaction", "OPTIMIZE", ttl=600.0), 10.0))
+        reader = store.acquire(_expecting(request_for("reader", "UPDATE", "country = 'DE'", ttl=600.0), 5.0))
+        clock.now = t0 + 2.0
+        append = store.acquire(_expecting(request_for("append", "INSERT", ttl=600.0, write_partitions=[
+            {"date": "2024-01-01", "country": "DE"}]), 8.0))   # ends at t0 + 10: no later than the compaction
+        assert compaction.granted and reader.status is LeaseStatus.WAITING and append.granted
+        state = store.poll(reader.request_id, "reader")
+        assert {(b.owner, b.granted) for b in state.blockers} == {("compaction", True), ("append", True)}
+        store.release(compaction.request_id, "compaction")
+        assert store.poll(reader.request_id, "reader").status is LeaseStatus.WAITING
+        store.release(append.request_id, "append")
+        assert store.poll(reader.request_id, "reader").granted
+
+    def test_a_request_that_would_end_after_an_earlier_one_could_start_waits_behind_it(
+            self, clocked_store: LeaseStore, clock: Clock, request_for: Request) -> None:
+        store, t0 = clocked_store, clock.now
+        store.acquire(_expecting(request_for("compaction", "OPTIMIZE", ttl=600.0), 10.0))
+        reader = store.acquire(_expecting(request_for("reader", "UPDATE", "country = 'DE'", ttl=600.0), 5.0))
+        de = [{"date": "2024-01-01", "country": "DE"}]
+        longer = store.acquire(_expecting(request_for("longer", "INSERT", ttl=600.0, write_partitions=de), 10.5))
+        clock.now = t0 + 3.0   # the compaction is expected to end in 7 s; an append of 8 s would outlast it
+        late = store.acquire(_expecting(request_for("late", "INSERT", ttl=600.0, write_partitions=de), 8.0))
+        assert reader.status is LeaseStatus.WAITING
+        for waiting in (longer, late):
+            assert waiting.status is LeaseStatus.WAITING
+            assert reader.request_id in {b.request_id for b in waiting.blockers}
+
+    def test_nobody_goes_ahead_without_every_estimate(
+            self, clocked_store: LeaseStore, request_for: Request) -> None:
+        """No estimate for the holder (a sensor's lease, a job of a kind not seen on the table) or for the
+        newcomer: arrival order, as without rule 2a."""
+        store, de = clocked_store, [{"date": "2024-01-01", "country": "DE"}]
+        store.acquire(request_for("compaction", "OPTIMIZE", ttl=600.0))   # no expected_hold
+        store.acquire(_expecting(request_for("reader", "UPDATE", "country = 'DE'", ttl=600.0), 5.0))
+        append = store.acquire(_expecting(request_for("append", "INSERT", ttl=600.0, write_partitions=de), 1.0))
+        unknown = store.acquire(request_for("unknown", "INSERT", ttl=600.0, write_partitions=de))
+        assert append.status is LeaseStatus.WAITING and unknown.status is LeaseStatus.WAITING
+
+    def test_overtaking_stops_when_the_holder_was_expected_to_end(
+            self, clocked_store: LeaseStore, clock: Clock, request_for: Request) -> None:
+        """The bound on overtaking: once the leases a request waits for were expected to be released, nobody
+        goes ahead of it, however long they overrun, so a stream of newcomers cannot starve it."""
+        store, t0, de = clocked_store, clock.now, [{"date": "2024-01-01", "country": "DE"}]
+        store.acquire(_expecting(request_for("compaction", "OPTIMIZE", ttl=600.0), 10.0))
+        reader = store.acquire(_expecting(request_for("reader", "UPDATE", "country = 'DE'", ttl=600.0), 5.0))
+        first = store.acquire(_expecting(request_for("first", "INSERT", ttl=600.0, write_partitions=de), 9.0))
+        assert first.granted   # ends at t0 + 9, before the compaction's t0 + 10
+        clock.now = t0 + 9.5   # both overrun their estimates; an append of 0.4 s still fits
+        second = store.acquire(_expecting(request_for("second", "INSERT", ttl=600.0, write_partitions=de), 0.4))
+        assert second.granted
+        clock.now = t0 + 10.5  # past every estimate of the leases the reader waits for
+        third = store.acquire(_expecting(request_for("third", "INSERT", ttl=600.0, write_partitions=de), 0.01))
+        assert third.status is LeaseStatus.WAITING
+        assert reader.request_id in {b.request_id for b in third.blockers}
 
     # -- 2: writer limit --------------------------------------------------------------------------
     def test_the_writer_limit_counts_every_table_of_the_pool(self, store: LeaseStore, request_for: Request) -> None:

@@ -80,8 +80,9 @@ def test_an_adaptive_wait_defers_when_the_expected_wait_is_long_or_it_waited_lon
     assert holding.WaitRule(WaitWhere.DEFERRED).defers(0.0, 0.0)
 
 
-def _event(at: float, request_id: str, kind: AuditKind) -> AuditEvent:
-    return AuditEvent(at=at, pool="sales", table="t", request_id=request_id, owner=request_id, kind=kind, summary="")
+def _event(at: float, request_id: str, kind: AuditKind, summary: str = "") -> AuditEvent:
+    return AuditEvent(at=at, pool="sales", table="t", request_id=request_id, owner=request_id, kind=kind,
+                      summary=summary)
 
 
 def test_the_typical_hold_is_the_median_of_the_tables_completed_holds() -> None:
@@ -93,6 +94,22 @@ def test_the_typical_hold_is_the_median_of_the_tables_completed_holds() -> None:
     estimate = holding.WaitEstimate.from_history(events)
     assert (estimate.typical_hold, estimate.holds_seen) == (4.0, 3)
     assert holding.WaitEstimate.from_history([]).typical_hold is None
+
+
+def test_each_kind_of_job_has_its_own_typical_hold() -> None:
+    """What a request expects to hold comes from holds of its own kind: a table's appends say nothing about
+    its compactions (an OPTIMIZE that claimed an append's estimate could overtake and then hold for minutes)."""
+    def hold(request_id: str, start: float, end: float, operation: str) -> list[AuditEvent]:
+        summary = f"{operation} '{request_id}' planned at version 3; writes anywhere"
+        return [_event(start, request_id, AuditKind.GRANT, summary),
+                _event(end, request_id, AuditKind.RELEASE, summary)]
+
+    events = [*hold("a1", 0, 2, "INSERT"), *hold("o1", 2, 62, "OPTIMIZE"), *hold("a2", 62, 66, "INSERT"),
+              *hold("a3", 66, 69, "INSERT")]
+    estimate = holding.WaitEstimate.from_history(events)
+    assert estimate.hold_of("INSERT") == 3.0 and estimate.hold_of("OPTIMIZE") == 60.0
+    assert estimate.hold_of("MERGE") is None
+    assert estimate.typical_hold == 3.5
 
 
 def _blocked(now: float, *blockers: Blocker) -> LeaseState:

@@ -11,7 +11,7 @@ from airflow_delta_occ.engine import Snapshot
 from airflow_delta_occ.engine.planner import TableState, plan_footprint
 from airflow_delta_occ.exceptions import LeaseError
 from airflow_delta_occ.pools.leases.memory import MemoryLeaseStore
-from airflow_delta_occ.pools.requests import LeaseRequest, LeaseRequestError, LeaseState
+from airflow_delta_occ.pools.requests import LeaseRequest, LeaseRequestError, LeaseState, operation_of
 
 pytestmark = pytest.mark.unit
 
@@ -26,8 +26,12 @@ def _request(snapshot: Snapshot, **overrides: Any) -> LeaseRequest:
 def test_a_request_round_trips_through_json(sales_log: tuple[str, Snapshot]) -> None:
     request = _request(sales_log[1])
     again = LeaseRequest.from_json(json.loads(json.dumps(request.to_json())))
-    assert again == request and again.summary == request.summary
+    assert again == request and again.summary == request.summary and again.expected_hold is None
     assert "UPDATE 'u' planned at version 1" in request.summary and "country=DE" in request.summary
+    expecting = _request(sales_log[1], expected_hold=4.5)
+    assert LeaseRequest.from_json(json.loads(json.dumps(expecting.to_json()))).expected_hold == 4.5
+    assert expecting == request   # an estimate is no part of the job: asking again with another is no re-plan
+    assert operation_of(request.summary) == "UPDATE" and operation_of("") == ""
 
 
 @pytest.mark.parametrize("field,value,message", [
@@ -38,6 +42,9 @@ def test_a_request_round_trips_through_json(sales_log: tuple[str, Snapshot]) -> 
     ("max_writers", 0, "max_writers must be a positive integer"),
     ("max_writers", True, "max_writers must be"),
     ("model", "oracle", "model must be one of delta, databricks, maxcompute"),
+    ("expected_hold", -1.0, "expected_hold must be a number of seconds from 0 or null"),
+    ("expected_hold", float("inf"), "expected_hold must be"),
+    ("expected_hold", "5", "expected_hold must be"),
 ])
 def test_a_bad_request_is_refused_naming_the_field(sales_log: tuple[str, Snapshot], field: str, value: Any,
                                                    message: str) -> None:

@@ -26,7 +26,7 @@ from airflow_delta_occ.exceptions import JobKilledError, LeaseStoreError, PoolCo
 from airflow_delta_occ.hooks.leases import configured_pool
 from airflow_delta_occ.hooks.transports import MemoryTransport
 from airflow_delta_occ.jobs.result import JobResult
-from airflow_delta_occ.operators.delta import DeltaDeleteOperator, DeltaUpdateOperator
+from airflow_delta_occ.operators.delta import DeltaDeleteOperator, DeltaOptimizeOperator, DeltaUpdateOperator
 from airflow_delta_occ.pools.holding import WaitWhere
 from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
 from airflow_delta_occ.pools.requests import AuditKind, LeaseRequest
@@ -441,6 +441,30 @@ def _history_of_holds(store: SqlLeaseStore, path: str, snapshot: Snapshot, secon
             moment[0] += 1.0
         finally:
             clocked.close()
+
+
+def test_the_request_says_how_long_leases_of_its_kind_were_held_on_the_table(
+        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore) -> None:
+    """The arbiter may grant a request ahead of an earlier one only when it knows how long it will hold
+    (rule 2a): the operator reads it from the table's audit, from holds of its own kind only."""
+    path, snapshot = sales_log
+    _history_of_holds(store, path, snapshot, 40.0)   # two OPTIMIZE holds of 40 s; no UPDATE held yet
+    _block(store, path, snapshot)
+    with pytest.raises(TaskDeferred):
+        _leased_update(path).execute(_context())
+    update = LeaseRequest.from_json(_stored_request(store, "d/u/manual__1/-1/1"))
+    assert update.expected_hold is None   # an UPDATE: no hold of its kind seen
+    optimize = DeltaOptimizeOperator(task_id="o", table=path, conflict_pool="sales", deferrable=True)
+    with pytest.raises(TaskDeferred):
+        optimize.execute({**_context(), "ti": SimpleNamespace(dag_id="d", task_id="o", map_index=-1, try_number=1,
+                                                              max_tries=2)})
+    assert LeaseRequest.from_json(_stored_request(store, "d/o/manual__1/-1/1")).expected_hold == pytest.approx(40.0)
+
+
+def _stored_request(store: SqlLeaseStore, owner: str) -> dict[str, Any]:
+    """The request ``owner`` stored, as its audit REQUEST event quotes it."""
+    event = next(e for e in store.history(pool="sales") if e.owner == owner and e.kind is AuditKind.REQUEST)
+    return dict(json.loads(event.detail))
 
 
 def test_by_default_a_short_wait_stays_in_the_worker_and_sees_the_release_at_once(

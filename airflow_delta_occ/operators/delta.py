@@ -432,12 +432,13 @@ class DeltaBaseOperator(BaseOperator):
                 state, seen = waited.state, waited.blockers_seen
         finally:
             store.close()
-        from airflow_delta_occ.triggers.lease import DeltaLeaseTrigger
+        from airflow_delta_occ.triggers.lease import DeltaLeaseTrigger, settle_seconds
 
         self.defer(trigger=DeltaLeaseTrigger(lease_conn_id=self.lease_conn_id, request_id=state.request_id,
                                              owner=owner, request=request.to_json(),
                                              poll_interval=self._poll_interval(deferred=True),
-                                             resume_ahead=rule.comes_back, blockers_seen=seen),
+                                             resume_ahead=rule.comes_back, blockers_seen=seen,
+                                             settle=settle_seconds()),
                    method_name="execute_complete", timeout=None)
 
     def _cancel_request(self, owner: str, request_id: str) -> None:

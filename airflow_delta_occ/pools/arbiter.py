@@ -11,16 +11,16 @@ Rule, for the waiting requests in arrival order:
    later request does not overtake an earlier one it conflicts with, so nobody is starved by a
    stream of newcomers; except
 2a. *in the shadow of the holders*: it may go ahead of earlier requests it conflicts with when each
-   of them waits for a held lease, and it is expected to end (``now`` plus its ``expected_hold``) no
-   later than the earliest moment each of them could start: when the last lease it waits for is
-   expected to be released (each holder's grant plus its ``expected_hold``). Every estimate must be
-   known, and the decision must be given ``now``. This is backfilling, as batch schedulers do it: on
-   a table where every reader conflicts with appends and compactions, an append granted beside a
-   compaction uses time the chain of readers could not use, and when the estimates hold, the
-   overtaken request starts no later than it would have. A wrong estimate delays it by the overrun,
-   once: an overtaker must end before the overtaken request's estimated start, and so must any later
-   overtaker (the leases it waits for then include the first), so overtaking stops at that moment and
-   cannot go on for as long as newcomers arrive;
+   of them waits for a held lease that arrived before it, and it is expected to end (``now`` plus its
+   ``expected_hold``) no later than the last of those leases is expected to be released (its grant
+   plus its ``expected_hold``). Every estimate must be known, and the decision must be given ``now``.
+   This is backfilling, as batch schedulers do it: on a table where every reader conflicts with
+   appends and compactions, an append granted beside a compaction uses time the chain of readers
+   could not use, and when the estimates hold, the overtaken request starts no later than it would
+   have. Only leases that arrived before the overtaken request cast the shadow, never the requests
+   that went ahead of it, so its delay is bounded by the estimates' error (an overtaker running over,
+   a holder ending early), once: nobody goes ahead of it once its earlier holders were expected to
+   end or have ended, however many newcomers arrive;
 3. a request that conflicts with nobody holding or waiting before it is granted at once, even
    when earlier requests wait for something else;
 4. the pool's writer limit counts held leases across all its tables; when it is reached nobody
@@ -54,6 +54,7 @@ class Candidate:
     model: str
     max_writers: int | None
     granted_at: float | None = None   # None: waiting (a request granted in this decision: from ``now``)
+    seq: int = 0                      # arrival order in the pool (rule 2a: only earlier arrivals cast a shadow)
     hold: Callable[[], float | None] = field(default=lambda: None, compare=False, repr=False)
 
     @functools.cached_property
@@ -89,7 +90,8 @@ def decide(holders: Sequence[Candidate], waiters: Sequence[Candidate], judge: Pa
             request, [other for other, _ in ahead], blockers, {c.request_id: c for c in active}, granted_now, now)
         reasons = tuple(held) if overtaking else (*held, *(b for _, b in ahead))
         if not reasons and request.max_writers is not None and len(active) >= request.max_writers:
-            reasons = (Blocker(f"the pool's writer limit of {request.max_writers} is reached"),)
+            # still behind the requests it would have gone ahead of: name them with the limit
+            reasons = (*(b for _, b in ahead), Blocker(f"the pool's writer limit of {request.max_writers} is reached"))
         if reasons:
             blockers[request.request_id] = reasons
             waiting.append(request)
@@ -105,12 +107,14 @@ def decide(holders: Sequence[Candidate], waiters: Sequence[Candidate], judge: Pa
 
 def _ends_in_shadow(request: Candidate, overtaken: Sequence[Candidate], blockers: Mapping[str, tuple[Blocker, ...]],
                     active: Mapping[str, Candidate], granted_now: set[str], now: float) -> bool:
-    """Rule 2a: ``request`` is expected to end before each of ``overtaken`` can start (every estimate known)."""
+    """Rule 2a: ``request`` is expected to end before each of ``overtaken`` can start (every estimate known),
+    judged on the leases each waits for that arrived before it (not on requests that went ahead of it)."""
     hold = request.expected_hold
     if hold is None:
         return False
     for other in overtaken:
-        held_by = [active.get(str(b.request_id)) for b in blockers[other.request_id] if b.granted]
+        held_by = [holder for b in blockers[other.request_id] if b.granted
+                   and ((holder := active.get(str(b.request_id))) is None or holder.seq < other.seq)]
         if not held_by:   # it waits only for requests that wait themselves, or for the writer limit
             return False
         ends = [_expected_end(holder, granted_now, now) for holder in held_by]

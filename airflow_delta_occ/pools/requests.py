@@ -21,6 +21,7 @@ from .compare import PlannedJob, compact
 
 MAX_OWNER_LENGTH = 512
 MAX_TABLE_LENGTH = 2048
+MAX_SECONDS = 1e9                # a TTL or an expected hold beyond about 30 years is a mistake
 
 
 class LeaseRequestError(LeaseError, ValueError):
@@ -81,13 +82,11 @@ class LeaseRequest:
         if self.max_writers is not None and (isinstance(self.max_writers, bool) or not isinstance(
                 self.max_writers, int) or self.max_writers < 1):
             raise LeaseRequestError(f"max_writers must be a positive integer or null, got {_shown(self.max_writers)}")
-        if isinstance(self.ttl, bool) or not isinstance(self.ttl, int | float) or not math.isfinite(self.ttl) \
-                or self.ttl <= 0:
+        if not _seconds(self.ttl) or self.ttl <= 0:
             raise LeaseRequestError(f"ttl must be a positive number of seconds, got {_shown(self.ttl)}")
-        hold = self.expected_hold
-        if hold is not None and (isinstance(hold, bool) or not isinstance(hold, int | float)
-                                 or not math.isfinite(hold) or hold < 0):
-            raise LeaseRequestError(f"expected_hold must be a number of seconds from 0 or null, got {_shown(hold)}")
+        if self.expected_hold is not None and (not _seconds(self.expected_hold) or self.expected_hold < 0):
+            raise LeaseRequestError(f"expected_hold must be a number of seconds from 0 or null, got "
+                                    f"{_shown(self.expected_hold)}")
 
     @property
     def planned(self) -> PlannedJob:
@@ -165,6 +164,16 @@ def summarize(fp: Footprint, version: int) -> str:
     if fp.metadata is not None or fp.protocol is not None:
         parts.append("changes the table's metadata")
     return "; ".join(parts)
+
+
+def _seconds(value: object) -> bool:
+    """Whether ``value`` is a finite number of seconds (a JSON integer too large for a float is not)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value) and abs(value) <= MAX_SECONDS
+    except OverflowError:
+        return False
 
 
 def operation_of(summary: str) -> str:

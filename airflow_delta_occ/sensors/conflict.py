@@ -191,7 +191,7 @@ class DeltaConflictSensor(BaseSensorOperator):
     # -- waiting ----------------------------------------------------------------------------------
     def execute(self, context: Any) -> dict[str, Any]:
         """Ask for the lease: succeed holding it when granted, else defer until it is."""
-        from airflow_delta_occ.triggers.lease import DeltaLeaseTrigger
+        from airflow_delta_occ.triggers.lease import DeltaLeaseTrigger, settle_seconds
 
         pool = required_pool(self.conflict_pool)
         owner = lease_owner(context)
@@ -207,7 +207,7 @@ class DeltaConflictSensor(BaseSensorOperator):
         timeout = timedelta(seconds=float(self.timeout)) if self.timeout is not None else None
         self.defer(trigger=DeltaLeaseTrigger(lease_conn_id=self.lease_conn_id, request_id=state.request_id,
                                              owner=owner, request=request.to_json(),
-                                             poll_interval=float(self.poke_interval)),
+                                             poll_interval=float(self.poke_interval), settle=settle_seconds()),
                    method_name="execute_complete", timeout=timeout)
         raise AssertionError("defer() returns only by raising")  # pragma: no cover
 

@@ -30,10 +30,15 @@ the resumed try is running before the scheduler has read the deferring process's
 stale exit for the resumed try's and marks the task for retry. How late that exit can be read is set by
 Airflow itself: the worker's supervisor may read the end of the task's output just before the process
 is reaped, and then sleeps ``[workers] min_heartbeat_interval`` (5 s by default) before it looks again.
-So the settling time is that interval plus ``SETTLE_MARGIN_SECONDS`` (the scheduler's loop). It costs
-only waits granted within those seconds of the deferral, which the adaptive rule keeps in the worker
-unless its estimate was wrong; a fixed 3 s was not enough on a loaded machine (CI: the exit was read
-5.03 s after the deferral, and the resumed task was failed while its write committed).
+So the settling time is that interval plus ``SETTLE_MARGIN_SECONDS`` (the scheduler's loop), at least
+``SETTLE_MIN_SECONDS``, read where it matters: in the worker that defers (``settle_seconds()`` there,
+passed as ``settle``). It costs only waits granted within those seconds of the deferral, which the
+adaptive rule keeps in the worker unless its estimate was wrong; a fixed 3 s was not enough on a loaded
+machine (CI: the exit was read 5.03 s after the deferral, and the resumed task was failed while its
+write committed). While it settles the trigger goes on polling, so a lease granted meanwhile keeps its
+heartbeat (a pool's TTL may be shorter than the settling time) and a request sent back as ``near`` may
+be granted before it leaves. No margin covers every case: a worker that keeps the exited process's
+sockets open (``[workers] socket_cleanup_timeout``) or uploads remote logs first reads the exit later.
 
 The triggerer must not load pyarrow or Spark for every trigger it runs: the store, the request types
 and the engine they import are loaded inside ``run()``, in a thread. Connections are read with
@@ -69,14 +74,17 @@ if TYPE_CHECKING:
     from airflow_delta_occ.pools.requests import LeaseRequest
 
 SETTLE_MARGIN_SECONDS = 2.0   # beyond the worker's exit notice, for the scheduler's loop (module docstring)
+SETTLE_MIN_SECONDS = 3.0      # never less, whatever the interval
+SETTLE_MAX_SECONDS = 60.0     # never more: an event held longer would hold up every short deferred wait
 
 
 def settle_seconds() -> float:
     """No event sooner than this after the trigger starts: Airflow's ``[workers] min_heartbeat_interval``
-    (the longest a worker may take to notice the deferring process ended) plus ``SETTLE_MARGIN_SECONDS``."""
+    (the longest a worker may take to notice the deferring process ended) plus ``SETTLE_MARGIN_SECONDS``,
+    within ``SETTLE_MIN_SECONDS`` and ``SETTLE_MAX_SECONDS``. Called in the worker that defers."""
     from airflow_delta_occ import config
 
-    return config.worker_exit_notice() + SETTLE_MARGIN_SECONDS
+    return min(max(config.worker_exit_notice() + SETTLE_MARGIN_SECONDS, SETTLE_MIN_SECONDS), SETTLE_MAX_SECONDS)
 
 
 class DeltaLeaseTrigger(BaseTrigger):
@@ -92,11 +100,13 @@ class DeltaLeaseTrigger(BaseTrigger):
         many seconds (``None``: only a grant ends it).
     :param blockers_seen: whom the request waited for before it deferred (the worker's part of the
         wait); the events' ``blockers_seen`` include them, so the task's result names everyone.
+    :param settle: no event sooner than this many seconds after the trigger starts (``settle_seconds()``
+        in the deferring worker; ``None``: read here).
     """
 
     def __init__(self, *, lease_conn_id: str, request_id: str, owner: str, request: dict[str, Any],
                  poll_interval: float = 2.0, resume_ahead: float | None = None,
-                 blockers_seen: list[dict[str, Any]] | None = None) -> None:
+                 blockers_seen: list[dict[str, Any]] | None = None, settle: float | None = None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # Airflow's BaseTrigger.__init__ is untyped
         self.lease_conn_id = lease_conn_id
         self.request_id = request_id
@@ -105,27 +115,29 @@ class DeltaLeaseTrigger(BaseTrigger):
         self.poll_interval = poll_interval
         self.resume_ahead = resume_ahead
         self.blockers_seen = list(blockers_seen or [])
+        self.settle = settle
         self.current_request_id = request_id   # moves on when a dropped request is asked for again
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}",
                 {"lease_conn_id": self.lease_conn_id, "request_id": self.request_id, "owner": self.owner,
                  "request": self.request, "poll_interval": self.poll_interval, "resume_ahead": self.resume_ahead,
-                 "blockers_seen": self.blockers_seen})
+                 "blockers_seen": self.blockers_seen, "settle": self.settle})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         loop = asyncio.get_running_loop()
-        started, settle = loop.time(), settle_seconds()
-        payload = await self.wait_for_grant()
-        # A granted lease stays this owner's: its TTL runs from the poll that reported the grant.
-        await asyncio.sleep(max(0.0, started + settle - loop.time()))
+        settle = self.settle if self.settle is not None else settle_seconds()
+        payload = await self.wait_for_grant(not_before=loop.time() + settle)
         yield TriggerEvent(payload)  # type: ignore[no-untyped-call]  # untyped in Airflow
 
-    async def wait_for_grant(self) -> dict[str, Any]:
-        """Poll until granted (asking again when the request is gone); the event payload.
+    async def wait_for_grant(self, not_before: float = 0.0) -> dict[str, Any]:
+        """Poll until granted (asking again when the request is gone); the event payload. A grant or a
+        ``near`` seen before ``not_before`` (the event loop's clock) is not sent yet: the polls go on (each
+        one the request's or the lease's heartbeat) and the first one from then on decides.
 
         The store is opened here and closed before the event is yielded, whatever happens.
         """
+        loop = asyncio.get_running_loop()
         try:
             request = await asyncio.to_thread(_parse_request, self.request)
         except LeaseError as exc:
@@ -142,6 +154,7 @@ class DeltaLeaseTrigger(BaseTrigger):
         estimate: WaitEstimate | None = None
         try:
             while True:
+                ready: dict[str, Any] | None = None   # the event, once the wait has one to send
                 try:
                     if store is None:
                         try:
@@ -157,18 +170,22 @@ class DeltaLeaseTrigger(BaseTrigger):
                                 estimate = await asyncio.to_thread(WaitEstimate.read, store, request.table, self.log)
                             expected = await asyncio.to_thread(wait.expected, store, state, estimate)
                             if grant_is_near(state, expected, self.resume_ahead):
-                                return {"status": "near", "request_id": state.request_id,
-                                        "expected": expected, "blockers_seen": wait.blockers.seen(),
-                                        "reacquired": wait.reacquired}
+                                ready = {"status": "near", "request_id": state.request_id,
+                                         "expected": expected, "blockers_seen": wait.blockers.seen(),
+                                         "reacquired": wait.reacquired}
                 except LeaseError as exc:   # not this owner's request, or the store kept failing
                     return self._error(str(exc))
                 finally:
                     self.current_request_id = wait.request_id
                 if step.state is not None and step.granted:
-                    return {"status": "granted", "request_id": step.state.request_id, "state": step.state.to_json(),
-                            "waited": step.state.waited, "blockers_seen": wait.blockers.seen(),
-                            "reacquired": wait.reacquired}
-                await self._sleep(wait, store if step.state is not None else None, step.delay)
+                    ready = {"status": "granted", "request_id": step.state.request_id, "state": step.state.to_json(),
+                             "waited": step.state.waited, "blockers_seen": wait.blockers.seen(),
+                             "reacquired": wait.reacquired}
+                settling = not_before - loop.time()
+                if ready is not None and settling <= 0:
+                    return ready
+                delay = step.delay if ready is None else min(step.delay, settling)
+                await self._sleep(wait, store if step.state is not None else None, delay)
         finally:
             if store is not None:
                 await _close(store)

@@ -11,7 +11,8 @@ store: memory, SQLite, PostgreSQL):
    PostgreSQL, the database write lock on SQLite, a mutex in memory) and decides on the rows it
    then reads. No decision is made on rows read outside that lock.
 4. **Fairness.** Waiting requests are judged in arrival order (``arbiter.decide``): a request is
-   never overtaken by a later one it conflicts with; one that conflicts with nobody is granted at once.
+   not overtaken by a later one it conflicts with, except by one expected to end before it could
+   start anyway (the arbiter's rule 2a, bounded); one that conflicts with nobody is granted at once.
 5. **Expiry.** A lease or a waiting request whose heartbeat (``renew`` / ``poll``) stopped for its
    TTL is gone at the next operation on its pool, and recorded as expired or abandoned. Only the
    owner's own calls move its deadline: a grant keeps the waiter's (a waiter that died just before
@@ -356,7 +357,7 @@ def _request_detail(request: LeaseRequest) -> str:
 def _candidate(row: Row) -> Candidate:
     return Candidate(request_id=row.request_id, key=(row.request_id, row.revision), table=row.record.table,
                      owner=row.record.owner, load=lambda: row.request.planned, model=row.model,
-                     max_writers=row.max_writers, granted_at=row.record.granted_at,
+                     max_writers=row.max_writers, granted_at=row.record.granted_at, seq=row.record.seq,
                      hold=lambda: row.request.expected_hold)
 
 

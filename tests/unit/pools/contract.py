@@ -229,6 +229,38 @@ class LeaseStoreContract:
         assert third.status is LeaseStatus.WAITING
         assert reader.request_id in {b.request_id for b in third.blockers}
 
+    def test_only_the_leases_that_arrived_first_cast_the_shadow(
+            self, clocked_store: LeaseStore, clock: Clock, request_for: Request) -> None:
+        """A compaction expected to hold 600 s ends after 2 s: the reader behind it then waits only for the append
+        that went ahead of it, and no later append may go ahead in that append's shadow (the reader would
+        otherwise wait as long as the compaction's estimate, not for the error of one estimate)."""
+        store, t0, de = clocked_store, clock.now, [{"date": "2024-01-01", "country": "DE"}]
+        compaction = store.acquire(_expecting(request_for("compaction", "OPTIMIZE", ttl=6000.0), 600.0))
+        reader = store.acquire(_expecting(request_for("reader", "UPDATE", "country = 'DE'", ttl=6000.0), 5.0))
+        clock.now = t0 + 1.0
+        first = store.acquire(_expecting(request_for("first", "INSERT", ttl=6000.0, write_partitions=de), 500.0))
+        assert first.granted and reader.status is LeaseStatus.WAITING
+        clock.now = t0 + 2.0
+        store.release(compaction.request_id, "compaction")
+        clock.now = t0 + 50.0
+        second = store.acquire(_expecting(request_for("second", "INSERT", ttl=6000.0, write_partitions=de), 10.0))
+        assert second.status is LeaseStatus.WAITING
+        assert reader.request_id in {b.request_id for b in second.blockers}
+        store.release(first.request_id, "first")
+        assert store.poll(reader.request_id, "reader").granted
+
+    def test_a_request_kept_back_by_the_writer_limit_still_names_the_requests_it_would_go_ahead_of(
+            self, clocked_store: LeaseStore, request_for: Request) -> None:
+        store, de = clocked_store, [{"date": "2024-01-01", "country": "DE"}]
+        store.acquire(_expecting(request_for("compaction", "OPTIMIZE", ttl=600.0, max_writers=1), 10.0))
+        reader = store.acquire(_expecting(request_for("reader", "UPDATE", "country = 'DE'", ttl=600.0,
+                                                      max_writers=1), 5.0))
+        append = store.acquire(_expecting(request_for("append", "INSERT", ttl=600.0, write_partitions=de,
+                                                      max_writers=1), 1.0))
+        assert append.status is LeaseStatus.WAITING
+        assert [b.request_id for b in append.blockers] == [reader.request_id, None]
+        assert "writer limit of 1" in append.blockers[1].reason
+
     # -- 2: writer limit --------------------------------------------------------------------------
     def test_the_writer_limit_counts_every_table_of_the_pool(self, store: LeaseStore, request_for: Request) -> None:
         a = store.acquire(request_for("a", "UPDATE", "country = 'DE'", max_writers=2))

@@ -120,6 +120,18 @@ def test_going_ahead_in_the_holders_shadow_passes_and_ending_after_it_fails(menu
     assert "c [sales: UPDATE 2024-01-01/FR]" in fairness and "opt [sales: OPTIMIZE whole table]" in fairness
 
 
+def test_a_shadow_cast_by_a_request_that_went_ahead_fails(menu: dict[str, list[MenuItem]]) -> None:
+    """Only leases that arrived before the waiter cast the shadow: once "a" (600 s expected) ended after 1 s,
+    the compaction waits only for "c", which went ahead of it, and "e" may not go ahead in "c"'s shadow."""
+    audit = (Audit(menu).request("a", UPDATE_DE, 0.0, expected_hold=600.0).grant("a", 0.0)
+             .request("opt", OPTIMIZE, 0.01, expected_hold=2.0)
+             .request("c", UPDATE_FR, 0.02, expected_hold=500.0).grant("c", 0.02).release("a", 1.0)
+             .request("e", DELETE_DE, 2.0, expected_hold=10.0).grant("e", 2.0).release("e", 3.0)
+             .release("c", 400.0).grant("opt", 400.0).release("opt", 402.0))
+    problem = _only(analyse(audit.events), "(a) fairness")
+    assert "e [sales: DELETE 2024-01-01/DE]" in problem and "opt [sales: OPTIMIZE whole table]" in problem
+
+
 def test_a_grant_that_never_ends_fails(menu: dict[str, list[MenuItem]]) -> None:
     audit = Audit(menu).request("a", UPDATE_DE, 0.0).grant("a", 0.0)
     assert "never released nor expired" in _only(analyse(audit.events), "(b)")

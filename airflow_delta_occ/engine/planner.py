@@ -721,6 +721,21 @@ def _maxcompute_verdict(winner: Footprint, loser: Footprint, snapshot: TableStat
                    loser.label, winner.label)
 
 
+def partition_scoped(fp: Footprint, table: TableState, model: Model) -> bool:
+    """Whether ``fp`` can conflict under ``model`` only with jobs that touch a partition it touches.
+
+    False when a rule that ignores partitions may apply to it: a metadata or protocol change, an
+    application transaction id, a table with identity columns (``databricks``), an operation the
+    ``maxcompute`` rules do not know. Callers that index jobs by partition (a conflict pool's
+    arbiter) must compare such a job with every other job of the table.
+    """
+    if fp.metadata is not None or fp.protocol is not None or fp.read_app_ids or fp.written_app_ids:
+        return False
+    if model == "databricks" and "delta.identity." in table.metadata.schema_string:
+        return False
+    return not (model == "maxcompute" and fp.operation not in _MC_KIND)
+
+
 def _touched(fp: Footprint) -> set[tuple[tuple[str, str | None], ...]] | None:
     """Every partition a job changes, or ``None`` when it may change any."""
     if fp.adds_files and fp.write_partitions is None:

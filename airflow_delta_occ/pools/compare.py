@@ -28,9 +28,11 @@ partitioning (a replaced table) is always a conflict.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from airflow_delta_occ.engine.conflicts import PartitionSchema
 from airflow_delta_occ.engine.expressions import TRUE, references, split_conjuncts
@@ -43,6 +45,7 @@ from airflow_delta_occ.engine.planner import (
     can_conflict,
     enumerate_partitions,
     freeze_partition,
+    partition_scoped,
     pinned_values,
 )
 from airflow_delta_occ.engine.predicates import evaluate_partition
@@ -76,6 +79,47 @@ def lease_verdict(a: PlannedJob, b: PlannedJob, model: Model) -> Verdict:
     return last
 
 
+@dataclass(frozen=True)
+class Reach:
+    """The partitions a leased job can read or change, for indexing jobs by partition.
+
+    ``layout`` is the table's partitioning (column names and types); ``partitions`` holds each partition
+    as a tuple of typed values in the layout's order (so ``'2024-01-01'`` written two ways is one
+    partition), or is ``None`` when the job may touch any partition. Two jobs with the same layout and
+    disjoint ``partitions`` never conflict (``lease_verdict``, any model; ``tests/unit/pools/
+    test_reach.py`` checks it over every planner scenario), so the arbiter compares a request only
+    with the jobs its reach meets.
+    """
+
+    layout: tuple[tuple[str, str], ...]
+    partitions: frozenset[tuple[Any, ...]] | None
+
+
+def reach(job: PlannedJob, model: Model) -> Reach:
+    """What ``job`` can touch, from its footprint lifted as ``lift_pair`` lifts it.
+
+    Bounded only when its conflicts are decided by partition alone (``planner.partition_scoped``), it
+    reads nothing or reads partitions its filter pins to a list (``enumerate_partitions``), it writes
+    into listed partitions or none, and every partition value parses: a lifted footprint then reads,
+    removes and writes only partitions its own filter admits, which are among these.
+    """
+    schema = PartitionSchema.of(job.table.metadata)
+    layout = tuple((name, data_type.simple_string()) for name, _, data_type in schema.fields)
+    fp = job.footprint
+    if not partition_scoped(fp, job.table, model) or (fp.adds_files and fp.write_partitions is None):
+        return Reach(layout, None)
+    pinned = _pinned(fp, schema)
+    if pinned is None:
+        return Reach(layout, None)
+    partitions: set[tuple[Any, ...]] = set()
+    for partition in _partitions_of(fp) | pinned:
+        typed = schema.typed(dict(partition))
+        if typed is None or any(isinstance(v, float) and math.isnan(v) for v in typed.values()):
+            return Reach(layout, None)   # a value that does not parse may match anything; NaN equals nothing
+        partitions.add(tuple(typed[name] for name, _, _ in schema.fields))
+    return Reach(layout, frozenset(partitions))
+
+
 def compact(fp: Footprint) -> Footprint:
     """What a lease keeps of a footprint: one entry per partition instead of one per file.
 
@@ -87,7 +131,7 @@ def compact(fp: Footprint) -> Footprint:
 
 
 def _per_partition(values: Iterable[Mapping[str, str | None]]) -> dict[str, dict[str, str | None]]:
-    return {_file(p): dict(p) for p in sorted({freeze_partition(pv) for pv in values})}
+    return {_file(p): dict(p) for p in sorted({freeze_partition(pv) for pv in values}, key=repr)}
 
 
 def _same_state(x: TableState, y: TableState) -> bool:
@@ -147,7 +191,7 @@ def _lift(fp: Footprint, schema: PartitionSchema, known: Iterable[Partition], bo
     if fp.read_predicate is None:
         return fp  # reads nothing, removes nothing: an append or a metadata change is already exact
     predicate = TRUE if fp.read_whole_table else fp.read_predicate
-    admitted = sorted(p for p in known if _admits(predicate, schema, p))
+    admitted = sorted((p for p in known if _admits(predicate, schema, p)), key=repr)   # repr: NULL sorts beside values
     files = {_file(p): dict(p) for p in admitted}
     if both_open:
         files[UNKNOWN_PARTITION] = {}
@@ -166,7 +210,7 @@ def _admits(predicate: object, schema: PartitionSchema, partition: Partition) ->
 
 def _union(written: Iterable[Mapping[str, str | None]], more: Iterable[Partition]) -> tuple[dict[str, str | None], ...]:
     merged = {freeze_partition(pv) for pv in written} | set(more)
-    return tuple(dict(p) for p in sorted(merged))
+    return tuple(dict(p) for p in sorted(merged, key=repr))
 
 
 def _file(partition: Partition) -> str:

@@ -198,3 +198,19 @@ def test_the_null_partition_is_judged_like_any_other(sales: LogBuilder) -> None:
     assert lease_verdict(null_country, into_null, "delta").conflict, "an append into the NULL partition is read"
     assert not lease_verdict(null_country, into_de, "delta")
     assert lease_verdict(de, into_de, "delta").conflict
+
+
+def test_a_null_partition_beside_values_is_compacted_and_judged(tmp_path: Path) -> None:
+    """An OPTIMIZE of a table with a NULL partition value beside others failed to build its lease request:
+    partitions were sorted as tuples, and None does not compare with a string."""
+    b = LogBuilder(tmp_path / "t")
+    b.commit(commit_info("CREATE TABLE"), protocol(), metadata(("date", "country")))
+    b.commit(commit_info(), add("a.parquet", {"date": "2024-01-01", "country": "DE"}),
+             add("b.parquet", {"date": "2024-01-01", "country": None}))
+    snapshot = _at(b)
+    optimize = _job(snapshot, "OPTIMIZE")
+    assert len(optimize.footprint.removes) == 2
+    verdict = lease_verdict(optimize, _job(snapshot, "UPDATE", "country IS NULL"), "delta")
+    assert verdict.conflict and "could not compare" not in verdict.reason
+    assert not lease_verdict(optimize, _job(snapshot, "INSERT", write_partitions=[
+        {"date": "2024-01-01", "country": None}]), "delta").conflict   # compaction and a blind append

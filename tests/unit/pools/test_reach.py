@@ -1,0 +1,104 @@
+"""Reach: two leased jobs whose reaches share no partition never conflict, so the arbiter may skip the pair.
+
+The arbiter compares a request only with the jobs its reach meets (``arbiter.decide``). A reach that is
+too narrow would let two conflicting jobs hold leases at once, so every pair of the planner's scenarios
+is checked against ``lease_verdict`` itself, for every model, with and without deletion vectors.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_delta_occ.engine import DeltaLog
+from airflow_delta_occ.engine.planner import MODELS, TableState, plan_footprint
+from airflow_delta_occ.pools.compare import PlannedJob, compact, lease_verdict, reach
+
+from ..engine.logbuilder import SCHEMA, LogBuilder, add, commit_info, metadata, protocol
+from .test_compare import PARTITIONED_MENU, UNPARTITIONED_MENU
+
+pytestmark = pytest.mark.unit
+
+MORE_PARTITIONED: list[tuple[str, str | None, dict[str, Any]]] = [
+    ("UPDATE", "country IS NULL", {}),
+    ("UPDATE", "country IN ('DE', 'FR') AND date = '2024-01-02'", {}),
+    ("DELETE", "(country = 'IT' OR country = 'ES') AND id > 3", {}),
+    ("UPDATE", "date = '2024-01-01' OR id = 7", {}),                 # pins nothing: may touch any partition
+    ("UPDATE", "date > '2024-01-01' AND country = 'FR'", {}),
+    ("INSERT", None, {"write_partitions": [{"date": "2024-01-09", "country": None}]}),
+    ("INSERT", None, {"write_partitions": [{"date": "2024-01-02", "country": "FR"}]}),
+    ("OPTIMIZE", "country = 'DE'", {}),
+    ("REPLACE_WHERE", "date = '2024-01-02' AND country IN ('DE', 'FR')", {}),
+    ("MERGE", "t.id = s.id AND t.date = '2024-01-02' AND t.country = 'DE'",
+     {"target_alias": "t", "write_partitions": [{"date": "2024-01-02", "country": "DE"}]}),
+]
+
+
+def _table(root: Path, partitioned: bool, dv: bool, identity: bool) -> TableState:
+    schema = copy.deepcopy(SCHEMA)
+    if identity:
+        schema["fields"][0]["metadata"] = {"delta.identity.start": 1, "delta.identity.step": 1}
+    b = LogBuilder(root)
+    config = {"delta.enableDeletionVectors": "true"} if dv else None
+    b.commit(commit_info("CREATE TABLE"), protocol(),
+             metadata(("date", "country") if partitioned else (), config, schema=schema))
+    b.commit(commit_info(), *(add(f"f{i}.parquet", {"date": d, "country": c} if partitioned else {})
+                              for i, (d, c) in enumerate(itertools.product(("2024-01-01", "2024-01-02"),
+                                                                           ("DE", "FR", None)))))
+    return b.root
+
+
+@pytest.mark.parametrize("partitioned,dv,identity", [(True, False, False), (True, True, False),
+                                                     (True, False, True), (False, True, False)])
+@pytest.mark.parametrize("model", MODELS)
+def test_jobs_whose_reaches_do_not_meet_never_conflict(tmp_path: Path, partitioned: bool, dv: bool,
+                                                       identity: bool, model: str) -> None:
+    snapshot = DeltaLog.for_table(_table(tmp_path / "t", partitioned, dv, identity)).snapshot()
+    state = TableState.of(snapshot)
+    menu = [*PARTITIONED_MENU, *MORE_PARTITIONED] if partitioned else UNPARTITIONED_MENU
+    jobs = [PlannedJob(compact(plan_footprint(snapshot, op, predicate, label=f"{i}:{op} {predicate}", **options)),
+                       state) for i, (op, predicate, options) in enumerate(menu)]
+    reaches = [reach(job, model) for job in jobs]  # type: ignore[arg-type]
+    apart = 0
+    for (a, ra), (b, rb) in itertools.combinations(zip(jobs, reaches, strict=True), 2):
+        assert ra.layout == rb.layout
+        if ra.partitions is None or rb.partitions is None or ra.partitions & rb.partitions:
+            continue
+        apart += 1
+        judged = lease_verdict(a, b, model)  # type: ignore[arg-type]
+        assert not judged.conflict, f"{a.footprint.label} / {b.footprint.label} reach apart but {judged.reason}"
+    if partitioned and not (identity and model == "databricks"):
+        assert apart >= 40, "the index must leave most partition-disjoint pairs out"
+    else:
+        assert apart == 0, "on one partition, or with identity columns, every pair is compared"
+
+
+def test_a_partition_is_one_key_however_its_value_was_written(tmp_path: Path) -> None:
+    snapshot = DeltaLog.for_table(_table(tmp_path / "t", True, False, False)).snapshot()
+    state = TableState.of(snapshot)
+    pinned = PlannedJob(compact(plan_footprint(snapshot, "UPDATE", "date = DATE'2024-01-02' AND country = 'FR'")),
+                        state)
+    written = PlannedJob(compact(plan_footprint(snapshot, "INSERT", None, write_partitions=[
+        {"date": "2024-01-02", "country": "FR"}])), state)
+    a, b = reach(pinned, "delta"), reach(written, "delta")
+    assert a.partitions is not None and b.partitions is not None and a.partitions & b.partitions
+    assert lease_verdict(pinned, written, "delta").conflict
+
+
+def test_what_may_touch_any_partition_has_no_bounded_reach(tmp_path: Path) -> None:
+    snapshot = DeltaLog.for_table(_table(tmp_path / "t", True, False, False)).snapshot()
+    state = TableState.of(snapshot)
+
+    def reach_of(op: str, predicate: str | None, **options: Any) -> object:
+        return reach(PlannedJob(compact(plan_footprint(snapshot, op, predicate, **options)), state), "delta").partitions
+
+    assert reach_of("OPTIMIZE", None) is None                       # whole table
+    assert reach_of("INSERT", None) is None                         # new files anywhere
+    assert reach_of("UPDATE", "date > '2024-01-01'") is None        # a range leaves the column open
+    assert reach_of("SET_PROPERTIES", None, properties={"a": "b"}) is None   # a metadata change
+    assert reach_of("UPDATE", "date = '2024-01-01' AND country = 'DE'") == frozenset(
+        {(__import__("datetime").date(2024, 1, 1), "DE")})

@@ -25,15 +25,23 @@ Rule, for the waiting requests in arrival order:
    when earlier requests wait for something else;
 4. the pool's writer limit counts held leases across all its tables; when it is reached nobody
    is granted, so the next free slot goes to the earliest request that can use it.
+
+Cost: a decision grows about linearly with the live requests. A request is compared only with the
+requests its reach meets (``compare.reach``: jobs in disjoint partitions never conflict), in arrival
+order, and the comparisons stop at the first blocker: a request blocked by a held lease is not
+compared with the waiters before it, and one blocked by an earlier waiter is not compared with the
+waiters after that one. So a waiter names one blocker (the earliest-arrived lease it waits for, else
+the first request ahead of it), and rule 2a weighs only that lease's shadow: never more than the full
+rule would allow.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .compare import PairJudge, PlannedJob
+from .compare import PairJudge, PlannedJob, Reach
 from .requests import Blocker
 
 
@@ -43,7 +51,8 @@ class Candidate:
 
     The footprint is loaded only when the request is compared with another on its table (``load``):
     a store need not decode every request of a busy pool on every decision. Likewise its expected
-    hold (``hold``), read only where rule 2a is weighed.
+    hold (``hold``), read only where rule 2a is weighed, and its reach (``span``; ``None``: unknown,
+    compared with every request of its table).
     """
 
     request_id: str
@@ -56,6 +65,8 @@ class Candidate:
     granted_at: float | None = None   # None: waiting (a request granted in this decision: from ``now``)
     seq: int = 0                      # arrival order in the pool (rule 2a: only earlier arrivals cast a shadow)
     hold: Callable[[], float | None] = field(default=lambda: None, compare=False, repr=False)
+    span: Callable[[], Reach | None] = field(default=lambda: None, compare=False, repr=False)
+    remembered: Remembered | None = None   # the lease it was last found waiting for (a waiter's only)
 
     @functools.cached_property
     def planned(self) -> PlannedJob:
@@ -65,62 +76,130 @@ class Candidate:
     def expected_hold(self) -> float | None:
         return self.hold()
 
+    @functools.cached_property
+    def reach(self) -> Reach | None:
+        return self.span()
+
+
+@dataclass(frozen=True)
+class Remembered:
+    """The held lease a waiting request was last found to conflict with, kept with the stored request.
+
+    While that lease is held under the same ``key`` (the footprint it was judged with) the request still
+    waits for it, so a decision in any process answers from here without judging the pair again: a
+    store opened in a fresh task process does not re-judge every waiter of a busy pool. The store drops
+    it when the request re-plans (its own key changes).
+    """
+
+    key: object
+    request_id: str
+    reason: str
+
 
 @dataclass(frozen=True)
 class Decision:
     granted: tuple[str, ...]
     blockers: Mapping[str, tuple[Blocker, ...]]   # every request still waiting -> why
+    remember: Mapping[str, Remembered | None] = field(default_factory=dict)   # every waiter -> its held blocker
 
 
 def decide(holders: Sequence[Candidate], waiters: Sequence[Candidate], judge: PairJudge, *,
            now: float | None = None) -> Decision:
     """Grant what the rule allows; ``waiters`` must be in arrival order. Rule 2a needs ``now`` (the store's
     clock, the same one as ``granted_at``); without it a request never goes ahead of one it conflicts with."""
-    active = list(holders)
-    waiting: list[Candidate] = []
+    active = _Index(holders)
+    waiting = _Index(())
     granted: list[str] = []
     granted_now: set[str] = set()
     blockers: dict[str, tuple[Blocker, ...]] = {}
+    remember: dict[str, Remembered | None] = {}
     for request in waiters:
-        held = [b for b in (_blocker(judge, request, other, granted=True) for other in active
-                            if other.table == request.table) if b is not None]
-        ahead = [(other, b) for other in waiting if other.table == request.table
-                 and (b := _blocker(judge, request, other, granted=False)) is not None]
-        overtaking = not held and bool(ahead) and now is not None and _ends_in_shadow(
-            request, [other for other, _ in ahead], blockers, {c.request_id: c for c in active}, granted_now, now)
-        reasons = tuple(held) if overtaking else (*held, *(b for _, b in ahead))
-        if not reasons and request.max_writers is not None and len(active) >= request.max_writers:
+        held = _still_held(request, active)
+        if held is None:
+            held = next(((other, b) for other in active.near(request)
+                         if (b := _blocker(judge, request, other, granted=True)) is not None), None)
+        remember[request.request_id] = None
+        if held is not None:
+            holder, blocker = held
+            blockers[request.request_id] = (blocker,)
+            remember[request.request_id] = Remembered(holder.key, holder.request_id, blocker.reason)
+            waiting.add(request)
+            continue
+        overtaken: list[tuple[Candidate, Blocker]] = []
+        ahead: Blocker | None = None
+        for other in waiting.near(request):
+            b = _blocker(judge, request, other, granted=False)
+            if b is None:
+                continue
+            if now is not None and _in_shadow(request, other, blockers[other.request_id], active, granted_now, now):
+                overtaken.append((other, b))
+                continue
+            ahead = b
+            break
+        if ahead is None and request.max_writers is not None and len(active) >= request.max_writers:
             # still behind the requests it would have gone ahead of: name them with the limit
-            reasons = (*(b for _, b in ahead), Blocker(f"the pool's writer limit of {request.max_writers} is reached"))
-        if reasons:
-            blockers[request.request_id] = reasons
-            waiting.append(request)
+            blockers[request.request_id] = (*(b for _, b in overtaken),
+                                            Blocker(f"the pool's writer limit of {request.max_writers} is reached"))
+            waiting.add(request)
+            continue
+        if ahead is not None:
+            blockers[request.request_id] = (ahead,)
+            waiting.add(request)
             continue
         granted.append(request.request_id)
         granted_now.add(request.request_id)
-        active.append(request)
-        if overtaking:   # the requests it went ahead of now wait for it too
-            for other, b in ahead:
-                blockers[other.request_id] += (Blocker(b.reason, request.request_id, request.owner, True),)
-    return Decision(tuple(granted), blockers)
+        active.add(request)
+        for other, b in overtaken:   # the requests it went ahead of now wait for it too
+            blockers[other.request_id] += (Blocker(b.reason, request.request_id, request.owner, True),)
+    for request_id in granted:
+        remember.pop(request_id, None)
+    return Decision(tuple(granted), blockers, remember)
 
 
-def _ends_in_shadow(request: Candidate, overtaken: Sequence[Candidate], blockers: Mapping[str, tuple[Blocker, ...]],
-                    active: Mapping[str, Candidate], granted_now: set[str], now: float) -> bool:
-    """Rule 2a: ``request`` is expected to end before each of ``overtaken`` can start (every estimate known),
-    judged on the leases each waits for that arrived before it (not on requests that went ahead of it)."""
+def explain(request: Candidate, holders: Sequence[Candidate], ahead: Sequence[Candidate], judge: PairJudge
+            ) -> tuple[Blocker, ...]:
+    """Why a waiting ``request`` waits, in more detail than a decision keeps: every held lease of ``holders``
+    it conflicts with, then the first request of ``ahead`` (the earlier waiters, in arrival order) it
+    conflicts with. What a waiter's estimate needs (how long the leases it waits for have left, and
+    whether anybody waits before it) at the cost of one request's comparisons, not the pool's."""
+    held = [b for other in sorted(holders, key=_arrival) if other.table == request.table and _meets(request, other)
+            and (b := _blocker(judge, request, other, granted=True)) is not None]
+    first = next((b for other in ahead if other.table == request.table and _meets(request, other)
+                  and (b := _blocker(judge, request, other, granted=False)) is not None), None)
+    return (*held, *(() if first is None else (first,)))
+
+
+def _meets(a: Candidate, b: Candidate) -> bool:
+    """Whether ``a`` and ``b`` may share a partition (``compare.Reach.apart``); when unsure, they may."""
+    ra, rb = a.reach, b.reach
+    return ra is None or rb is None or a.model != b.model or not ra.apart(rb)
+
+
+def _still_held(request: Candidate, active: _Index) -> tuple[Candidate, Blocker] | None:
+    """The lease ``request`` was last found waiting for, when it is still held under the key it was judged with."""
+    remembered = request.remembered
+    if remembered is None:
+        return None
+    holder = active.get(remembered.request_id)
+    if holder is None or holder.key != remembered.key:
+        return None
+    return holder, Blocker(remembered.reason, holder.request_id, holder.owner, True)
+
+
+def _in_shadow(request: Candidate, other: Candidate, waits_for: Sequence[Blocker], active: _Index,
+               granted_now: set[str], now: float) -> bool:
+    """Rule 2a for one earlier request ``other``: ``request`` is expected to end before ``other`` can start
+    (every estimate known), judged on the leases ``other`` waits for that arrived before it (not on
+    requests that went ahead of it)."""
     hold = request.expected_hold
     if hold is None:
         return False
-    for other in overtaken:
-        held_by = [holder for b in blockers[other.request_id] if b.granted
-                   and ((holder := active.get(str(b.request_id))) is None or holder.seq < other.seq)]
-        if not held_by:   # it waits only for requests that wait themselves, or for the writer limit
-            return False
-        ends = [_expected_end(holder, granted_now, now) for holder in held_by]
-        if any(end is None for end in ends) or now + hold > max(e for e in ends if e is not None):
-            return False
-    return True
+    held_by = [holder for b in waits_for if b.granted
+               and ((holder := active.get(str(b.request_id))) is None or holder.seq < other.seq)]
+    if not held_by:   # it waits only for requests that wait themselves, or for the writer limit
+        return False
+    ends = [_expected_end(holder, granted_now, now) for holder in held_by]
+    return not any(end is None for end in ends) and now + hold <= max(e for e in ends if e is not None)
 
 
 def _expected_end(holder: Candidate | None, granted_now: set[str], now: float) -> float | None:
@@ -142,3 +221,97 @@ def _blocker(judge: PairJudge, request: Candidate, other: Candidate, *, granted:
         if verdict.conflict:
             return Blocker(verdict.reason, other.request_id, other.owner, granted)
     return None
+
+
+class _Index:
+    """Requests by table and partition: the ones a request's reach meets, in arrival order.
+
+    A request with a known, bounded reach is filed under each of its partitions; one that may touch any
+    partition (or whose reach is unknown) is filed as open. Two requests of one table are compared when
+    their partitionings differ (a replaced table), when either is open, or when they share a partition.
+    Models are part of the key, since a reach is judged under one model.
+    """
+
+    def __init__(self, candidates: Sequence[Candidate]) -> None:
+        self._by_id: dict[str, Candidate] = {}
+        self._tables: dict[str, _TableIndex] = {}
+        for candidate in candidates:
+            self.add(candidate)
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def get(self, request_id: str) -> Candidate | None:
+        return self._by_id.get(request_id)
+
+    def add(self, candidate: Candidate) -> None:
+        self._by_id[candidate.request_id] = candidate
+        self._tables.setdefault(candidate.table, _TableIndex()).add(candidate)
+
+    def near(self, request: Candidate) -> Iterator[Candidate]:
+        """The requests of ``request``'s table its reach may meet, earliest arrival first."""
+        table = self._tables.get(request.table)
+        return iter(()) if table is None else table.near(request)
+
+
+class _TableIndex:
+    """One table's requests: by value of each partition column, and the open ones (any partition)."""
+
+    def __init__(self) -> None:
+        self.everyone: list[Candidate] = []
+        self.open: list[Candidate] = []
+        self.by_value: list[dict[object, list[Candidate]]] = []   # per column: value -> requests with it
+        self.open_on: list[list[Candidate]] = []                 # per column: bounded requests open there
+        self.kinds: set[tuple[str, object]] = set()              # (model, layout) of the bounded ones
+        self.in_order = True   # ``everyone`` is in arrival order
+
+    def add(self, candidate: Candidate) -> None:
+        if self.everyone and self.everyone[-1].seq > candidate.seq:
+            self.in_order = False
+        self.everyone.append(candidate)
+        columns = _columns(candidate)
+        if columns is None:
+            self.open.append(candidate)
+            return
+        assert candidate.reach is not None
+        self.kinds.add((candidate.model, candidate.reach.layout))
+        while len(self.by_value) < len(columns):
+            self.by_value.append({})
+            self.open_on.append([])
+        for i, values in enumerate(columns):
+            if values is None or None in values:   # NULL meets every value (``Reach.apart``)
+                self.open_on[i].append(candidate)
+                continue
+            for value in values:
+                self.by_value[i].setdefault(value, []).append(candidate)
+
+    def near(self, request: Candidate) -> Iterator[Candidate]:
+        columns = _columns(request)
+        kind = None if request.reach is None else (request.model, request.reach.layout)
+        if columns is None or self.kinds - {kind}:   # open, or another model or partitioning on the table
+            yield from (self.everyone if self.in_order else sorted(self.everyone, key=_arrival))
+            return
+        bounded = [(i, values) for i, values in enumerate(columns)
+                   if values is not None and None not in values and i < len(self.by_value)]
+        if not bounded:   # only open requests filed so far, or the request has NULL wherever it is bounded
+            yield from (c for c in (self.everyone if self.in_order else sorted(self.everyone, key=_arrival))
+                        if _meets(request, c))
+            return
+        column, values = min(bounded, key=lambda iv: len(self.open_on[iv[0]]) + sum(
+            len(self.by_value[iv[0]].get(v, ())) for v in iv[1]))
+        found = {c.request_id: c for c in (*self.open, *self.open_on[column])}
+        for value in values:
+            found.update((c.request_id, c) for c in self.by_value[column].get(value, ()))
+        yield from sorted((c for c in found.values() if _meets(request, c)), key=_arrival)
+
+
+def _columns(candidate: Candidate) -> tuple[frozenset[object] | None, ...] | None:
+    """The request's values per partition column, or ``None`` when it may touch any partition."""
+    reach = candidate.reach
+    if reach is None or reach.columns is None or all(values is None for values in reach.columns):
+        return None
+    return reach.columns
+
+
+def _arrival(candidate: Candidate) -> int:
+    return candidate.seq

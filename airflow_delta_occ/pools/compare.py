@@ -49,6 +49,7 @@ from airflow_delta_occ.engine.planner import (
     pinned_values,
 )
 from airflow_delta_occ.engine.predicates import evaluate_partition
+from airflow_delta_occ.engine.values import format_partition_value, parse_partition_value
 
 Partition = tuple[tuple[str, str | None], ...]
 UNKNOWN_PARTITION = "<a partition neither plan knows>"
@@ -81,43 +82,80 @@ def lease_verdict(a: PlannedJob, b: PlannedJob, model: Model) -> Verdict:
 
 @dataclass(frozen=True)
 class Reach:
-    """The partitions a leased job can read or change, for indexing jobs by partition.
+    """Which partitions a leased job can read or change, column by column, for indexing jobs by partition.
 
-    ``layout`` is the table's partitioning (column names and types); ``partitions`` holds each partition
-    as a tuple of typed values in the layout's order (so ``'2024-01-01'`` written two ways is one
-    partition), or is ``None`` when the job may touch any partition. Two jobs with the same layout and
-    disjoint ``partitions`` never conflict (``lease_verdict``, any model; ``tests/unit/pools/
-    test_reach.py`` checks it over every planner scenario), so the arbiter compares a request only
-    with the jobs its reach meets.
+    ``layout`` is the table's partitioning (column names and types). ``columns`` holds, for each of its
+    columns, the typed values the job's partitions can have there (so ``'2024-01-01'`` written two ways
+    is one value), or ``None`` where the job may touch any value; ``None`` for the whole reach when the
+    job may touch any partition. Two jobs with the same layout are *apart* when some column has values
+    on both sides, none of them NULL (a filter on a value is unknown, not false, on NULL, and a lease
+    comparison keeps what is unknown), and they share none: they never conflict (``lease_verdict``, any
+    model; ``tests/unit/pools/test_reach.py`` checks it over every planner scenario), so the arbiter does
+    not compare them.
     """
 
     layout: tuple[tuple[str, str], ...]
-    partitions: frozenset[tuple[Any, ...]] | None
+    columns: tuple[frozenset[Any] | None, ...] | None
+
+    def apart(self, other: Reach) -> bool:
+        """Whether the two jobs can share no partition (see the class docstring)."""
+        if self.columns is None or other.columns is None or self.layout != other.layout:
+            return False
+        return any(a is not None and b is not None and None not in a and None not in b and a.isdisjoint(b)
+                   for a, b in zip(self.columns, other.columns, strict=True))
 
 
 def reach(job: PlannedJob, model: Model) -> Reach:
-    """What ``job`` can touch, from its footprint lifted as ``lift_pair`` lifts it.
+    """What ``job`` can touch, from its footprint as ``lift_pair`` lifts it.
 
-    Bounded only when its conflicts are decided by partition alone (``planner.partition_scoped``), it
-    reads nothing or reads partitions its filter pins to a list (``enumerate_partitions``), it writes
-    into listed partitions or none, and every partition value parses: a lifted footprint then reads,
-    removes and writes only partitions its own filter admits, which are among these.
+    None of it when a rule that ignores partitions may apply (``planner.partition_scoped``), the job may
+    write anywhere, or a partition value of its own does not parse (``lift_pair`` lets such a partition
+    match any filter). Otherwise a column has values when the job reads nothing, or its filter has a
+    conjunct on that column alone that pins it to a list (``pinned_values``; the conjunct
+    ``_pinned_apart`` finds, so two readers apart here are apart there and never share a partition
+    neither knows): the pinned values and the column's values in the job's own partitions (files read
+    and removed, partitions written). A lifted footprint touches only partitions its filter admits and its
+    own, so its values on such a column are among these.
     """
     schema = PartitionSchema.of(job.table.metadata)
     layout = tuple((name, data_type.simple_string()) for name, _, data_type in schema.fields)
     fp = job.footprint
     if not partition_scoped(fp, job.table, model) or (fp.adds_files and fp.write_partitions is None):
         return Reach(layout, None)
-    pinned = _pinned(fp, schema)
-    if pinned is None:
-        return Reach(layout, None)
-    partitions: set[tuple[Any, ...]] = set()
-    for partition in _partitions_of(fp) | pinned:
+    own = []
+    for partition in _partitions_of(fp):
         typed = schema.typed(dict(partition))
-        if typed is None or any(isinstance(v, float) and math.isnan(v) for v in typed.values()):
-            return Reach(layout, None)   # a value that does not parse may match anything; NaN equals nothing
-        partitions.add(tuple(typed[name] for name, _, _ in schema.fields))
-    return Reach(layout, frozenset(partitions))
+        if typed is None or any(_unmatchable(v) for v in typed.values()):
+            return Reach(layout, None)
+        own.append(typed)
+    columns: list[frozenset[Any] | None] = []
+    for name, _, data_type in schema.fields:
+        pins: list[Any] = []
+        if fp.read_predicate is not None:
+            conjunct = None if fp.read_whole_table else next(
+                (c for c in split_conjuncts(fp.read_predicate) if pinned_values(c, name) is not None), None)
+            if conjunct is None or references(conjunct) != {name}:
+                columns.append(None)
+                continue
+            pins = [_typed(v, data_type) for v in pinned_values(conjunct, name) or ()]
+            if any(v is None or _unmatchable(v) for v in pins):   # NULL or a value that does not round-trip
+                columns.append(None)
+                continue
+        columns.append(frozenset([*pins, *(p[name] for p in own)]))
+    return Reach(layout, tuple(columns))
+
+
+def _typed(value: Any, data_type: Any) -> Any:
+    """A pinned literal as a partition of the log would hold it (formatted, then parsed); ``None`` if it cannot be."""
+    try:
+        return parse_partition_value(format_partition_value(value, data_type), data_type)
+    except (ValueError, ArithmeticError, TypeError):
+        return None
+
+
+def _unmatchable(value: Any) -> bool:
+    """NaN equals nothing, not even itself: a set cannot say whether two jobs share it."""
+    return isinstance(value, float) and math.isnan(value)
 
 
 def compact(fp: Footprint) -> Footprint:
@@ -228,11 +266,12 @@ class PairJudge:
         self._memo: OrderedDict[tuple[object, object, str], Verdict] = OrderedDict()
 
     def verdict(self, key_a: object, a: PlannedJob, key_b: object, b: PlannedJob, model: Model) -> Verdict:
-        key = (key_a, key_b, model) if repr(key_a) <= repr(key_b) else (key_b, key_a, model)
-        found = self._memo.get(key)
-        if found is not None:
-            self._memo.move_to_end(key)
-            return found
+        for key in ((key_a, key_b, model), (key_b, key_a, model)):   # a verdict covers both commit orders
+            found = self._memo.get(key)
+            if found is not None:
+                self._memo.move_to_end(key)
+                return found
+        key = (key_a, key_b, model)
         try:
             result = lease_verdict(a, b, model)
         except Exception as exc:  # a footprint the checker cannot judge must never be granted beside another

@@ -17,7 +17,7 @@ from airflow_delta_occ.engine.errors import FootprintDecodeError
 from airflow_delta_occ.engine.planner import MODELS, Footprint, Model, TableState
 from airflow_delta_occ.exceptions import LeaseError
 
-from .compare import PlannedJob, compact
+from .compare import PlannedJob, Reach, compact, reach
 
 MAX_OWNER_LENGTH = 512
 MAX_TABLE_LENGTH = 2048
@@ -91,6 +91,15 @@ class LeaseRequest:
     @property
     def planned(self) -> PlannedJob:
         return PlannedJob(self.footprint, self.table_state)
+
+    @functools.cached_property
+    def reach(self) -> Reach | None:
+        """The partitions the job can touch (``compare.reach``), once per request; ``None`` when it cannot be
+        worked out (then the request is compared with every other of its table, and the judge decides)."""
+        try:
+            return reach(self.planned, self.model)
+        except Exception:   # noqa: BLE001 - an unreadable footprint is never filed as narrower than it is
+            return None
 
     @functools.cached_property
     def json_text(self) -> str:

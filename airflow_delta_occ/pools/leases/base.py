@@ -42,9 +42,9 @@ from typing import Protocol
 
 from airflow_delta_occ.exceptions import LeaseLostError, LeaseOwnershipError
 
-from ..arbiter import Candidate, decide
+from ..arbiter import Candidate, Remembered, decide, explain
 from ..compare import PairJudge
-from ..requests import AuditEvent, AuditKind, LeaseRecord, LeaseRequest, LeaseState, LeaseStatus
+from ..requests import AuditEvent, AuditKind, Blocker, LeaseRecord, LeaseRequest, LeaseState, LeaseStatus
 
 
 @dataclass(frozen=True)
@@ -61,10 +61,16 @@ class Row:
     max_writers: int | None
     ttl: float
     revision: int = 0       # bumped when a waiter re-plans; part of the judge's memo key
+    remembered: Remembered | None = None   # a waiter's held blocker at the last decision (``arbiter.Remembered``)
 
     @classmethod
     def of(cls, record: LeaseRecord, request: LeaseRequest, revision: int = 0) -> Row:
         return cls(record, lambda: request, request.model, request.max_writers, request.ttl, revision)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """The arbiter's key for the request: it changes whenever the footprint does."""
+        return (self.record.request_id, self.revision)
 
     @functools.cached_property
     def request(self) -> LeaseRequest:
@@ -167,7 +173,8 @@ class LeaseStore(ABC):
                                else replace(mine, record=record))
                     if replanned:
                         self._audit(txn, record, AuditKind.REPLAN, _request_detail(request))
-            return self._settle(txn, request_id)
+            state, rows = self._settle(txn, request_id)
+        return self._explained(state, rows)
 
     def poll(self, request_id: str, owner: str) -> LeaseState:
         """The request's state now, and its owner's heartbeat. ``GONE`` when it expired or was released.
@@ -195,10 +202,10 @@ class LeaseStore(ABC):
             row = self._own(txn, request_id, owner)
             if row is not None and row.record.status is LeaseStatus.WAITING:
                 txn.update(replace(row, record=replace(row.record, expires_at=txn.now + row.ttl)))
-            state = self._settle(txn, request_id)
+            state, rows = self._settle(txn, request_id)
             if state.granted and _heartbeat_due(state.record, row, txn.now):
                 return replace(state, record=self._extend(txn, request_id))
-            return state
+        return self._explained(state, rows)
 
     def poll_or_ask_again(self, request_id: str, request: LeaseRequest) -> LeaseState:
         """One step of a wait: ``poll``; a request that is gone (released, or abandoned while nobody polled
@@ -223,12 +230,29 @@ class LeaseStore(ABC):
             return None
         if mine.record.status is LeaseStatus.GRANTED:
             return LeaseState(request_id, LeaseStatus.GRANTED, now, mine.record)
+        state = LeaseState(request_id, LeaseStatus.WAITING, now, mine.record)
+        if _remembered_holder(mine, rows) is not None:   # it waits for a lease still held: no decision needed
+            return self._explained(state, rows)
         decision = decide([_candidate(r) for r in rows if r.record.status is LeaseStatus.GRANTED],
                           [_candidate(r) for r in rows if r.record.status is LeaseStatus.WAITING], self.judge,
                           now=now)
         if decision.granted:
             return None   # a grant is due (a release that granted nothing, a limit raised): make it under the lock
-        return LeaseState(request_id, LeaseStatus.WAITING, now, mine.record, decision.blockers.get(request_id, ()))
+        return self._explained(replace(state, blockers=decision.blockers.get(request_id, ())), rows)
+
+    def _explained(self, state: LeaseState, rows: Sequence[Row]) -> LeaseState:
+        """``state`` of a waiting request with every held lease it waits for and the first request ahead of it
+        (``arbiter.explain``), judged on ``rows`` (the pool as the answer saw it) outside the pool's lock."""
+        if state.status is not LeaseStatus.WAITING:
+            return state
+        mine = next((r for r in rows if r.request_id == state.request_id), None)
+        if mine is None:
+            return state
+        blockers = explain(_candidate(mine), [_candidate(r) for r in rows if r.record.status is LeaseStatus.GRANTED],
+                           [_candidate(r) for r in rows if r.record.status is LeaseStatus.WAITING
+                            and r.record.seq < mine.record.seq], self.judge)
+        limit = tuple(b for b in state.blockers if b.request_id is None)   # the writer limit, as decided
+        return replace(state, blockers=(*blockers, *limit) or state.blockers)
 
     def renew(self, request_id: str, owner: str) -> LeaseRecord:
         """Extend a held lease by its TTL (the holder's heartbeat).
@@ -310,27 +334,34 @@ class LeaseStore(ABC):
                 live.append(row)
         return live
 
-    def _settle(self, txn: PoolTransaction, request_id: str | None) -> LeaseState:
-        """Expire, grant what the rule allows, and report ``request_id``'s state."""
+    def _settle(self, txn: PoolTransaction, request_id: str | None) -> tuple[LeaseState, list[Row]]:
+        """Expire, grant what the rule allows, and report ``request_id``'s state and the pool's rows after it."""
         live = self._expire(txn)
         holders = [_candidate(r) for r in live if r.record.status is LeaseStatus.GRANTED]
         waiters = [_candidate(r) for r in live if r.record.status is LeaseStatus.WAITING]
         decision = decide(holders, waiters, self.judge, now=txn.now)
         by_id = {r.request_id: r for r in live}
+        for waiter_id, remembered in decision.remember.items():
+            row = by_id[waiter_id]
+            if row.remembered != remembered:
+                by_id[waiter_id] = replace(row, remembered=remembered)
+                txn.update(by_id[waiter_id])
         for granted_id in decision.granted:
             row = by_id[granted_id]
             # The deadline stays the waiter's own: only its owner's heartbeat moves it (a dead waiter
             # granted here must not block the pool for a fresh TTL).
             record = replace(row.record, status=LeaseStatus.GRANTED, granted_at=txn.now)
-            txn.update(replace(row, record=record))
-            by_id[granted_id] = replace(row, record=record)
+            by_id[granted_id] = replace(row, record=record, remembered=None)
+            txn.update(by_id[granted_id])
             self._audit(txn, record, AuditKind.GRANT, f"waited {txn.now - record.requested_at:.3f} s")
+        rows = list(by_id.values())
         if request_id is None:
-            return LeaseState("", LeaseStatus.GONE, txn.now)
+            return LeaseState("", LeaseStatus.GONE, txn.now), rows
         found = by_id.get(request_id)
         if found is None:
-            return LeaseState(request_id, LeaseStatus.GONE, txn.now)
-        return LeaseState(request_id, found.record.status, txn.now, found.record, decision.blockers.get(request_id, ()))
+            return LeaseState(request_id, LeaseStatus.GONE, txn.now), rows
+        return (LeaseState(request_id, found.record.status, txn.now, found.record,
+                           decision.blockers.get(request_id, ())), rows)
 
     @staticmethod
     def _audit(txn: PoolTransaction, record: LeaseRecord, kind: AuditKind, detail: str = "") -> None:
@@ -354,11 +385,23 @@ def _request_detail(request: LeaseRequest) -> str:
     return request.json_text
 
 
+def _remembered_holder(row: Row, rows: Sequence[Row]) -> Blocker | None:
+    """The held lease a waiting ``row`` was last found to conflict with, if it is still held as judged."""
+    remembered = row.remembered
+    if remembered is None:
+        return None
+    holder = next((r for r in rows if r.request_id == remembered.request_id), None)
+    if holder is None or holder.record.status is not LeaseStatus.GRANTED or holder.key != remembered.key:
+        return None
+    return Blocker(remembered.reason, holder.request_id, holder.record.owner, True)
+
+
 def _candidate(row: Row) -> Candidate:
-    return Candidate(request_id=row.request_id, key=(row.request_id, row.revision), table=row.record.table,
+    return Candidate(request_id=row.request_id, key=row.key, table=row.record.table,
                      owner=row.record.owner, load=lambda: row.request.planned, model=row.model,
                      max_writers=row.max_writers, granted_at=row.record.granted_at, seq=row.record.seq,
-                     hold=lambda: row.request.expected_hold)
+                     hold=lambda: row.request.expected_hold, span=lambda: row.request.reach,
+                     remembered=row.remembered if row.record.status is LeaseStatus.WAITING else None)
 
 
 def newest(events: Sequence[AuditEvent], limit: int) -> list[AuditEvent]:

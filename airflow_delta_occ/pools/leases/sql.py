@@ -15,6 +15,7 @@ a SQLAlchemy URL and imports no Airflow; the Airflow layer resolves a connection
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
@@ -27,6 +28,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from airflow_delta_occ.exceptions import LeaseStoreError
 
+from ..arbiter import Remembered
 from ..compare import PairJudge
 from ..requests import AuditEvent, AuditKind, LeaseRecord, LeaseRequest, LeaseRequestError, LeaseStatus
 from .base import LeaseStore, PoolTransaction, Row, newest
@@ -57,6 +59,7 @@ leases_table = sa.Table(
     sa.Column("requested_at", sa.Float(53), nullable=False),
     sa.Column("granted_at", sa.Float(53), nullable=True),
     sa.Column("expires_at", sa.Float(53), nullable=False),
+    sa.Column("blocker", sa.Text, nullable=True),   # a waiter's remembered blocker (arbiter.Remembered), JSON
     sa.Index("ix_delta_occ_leases_pool_seq", "pool", "seq"),
     sa.Index("ix_delta_occ_leases_table", "table_key"),
 )
@@ -107,6 +110,7 @@ class SqlLeaseStore(LeaseStore):
             if self.dialect == "postgresql":
                 conn.execute(sa.select(sa.func.pg_advisory_xact_lock(SCHEMA_LOCK_KEY)))
             metadata.create_all(conn)
+            _add_missing_columns(conn, self.dialect)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -187,7 +191,8 @@ class SqlLeaseStore(LeaseStore):
         """A stored row; its request is decoded (once per revision) only if it must be judged."""
         request_id, revision, text = r.request_id, int(r.revision), r.request
         return Row(_record(r), lambda: self.request_of(request_id, revision, text), str(r.model),
-                   None if r.max_writers is None else int(r.max_writers), float(r.ttl), revision)
+                   None if r.max_writers is None else int(r.max_writers), float(r.ttl), revision,
+                   _remembered(r.blocker))
 
     def _locate(self, request_id: str) -> str | None:
         with self._errors("find a request"), self._reading() as conn:
@@ -255,7 +260,40 @@ _RECORD_COLUMNS = (leases_table.c.request_id, leases_table.c.pool, leases_table.
 
 
 _ROW_COLUMNS = (*_RECORD_COLUMNS, leases_table.c.revision, leases_table.c.model, leases_table.c.max_writers,
-                leases_table.c.ttl, leases_table.c.request)
+                leases_table.c.ttl, leases_table.c.request, leases_table.c.blocker)
+
+
+def _add_missing_columns(conn: Connection, dialect: str) -> None:
+    """Columns added since the tables were first created (``create_all`` adds tables, not columns)."""
+    present = {c["name"] for c in sa.inspect(conn).get_columns(leases_table.name)}
+    if "blocker" not in present:
+        exists = " IF NOT EXISTS" if dialect == "postgresql" else ""
+        try:
+            conn.exec_driver_sql(f"ALTER TABLE {leases_table.name} ADD COLUMN{exists} blocker TEXT")
+        except SQLAlchemyError:   # SQLite: another process added it first (no IF NOT EXISTS there)
+            if "blocker" not in {c["name"] for c in sa.inspect(conn).get_columns(leases_table.name)}:
+                raise
+
+
+def _remembered_text(remembered: Remembered | None) -> str | None:
+    if remembered is None:
+        return None
+    return json.dumps({"key": list(remembered.key), "request_id": remembered.request_id,  # type: ignore[call-overload]
+                       "reason": remembered.reason}, separators=(",", ":"))
+
+
+def _remembered(text: str | None) -> Remembered | None:
+    """A stored ``Remembered``; anything unreadable is forgotten (the pair is then judged again)."""
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+        request_id, revision = data["key"]
+        if not (isinstance(request_id, str) and isinstance(revision, int) and request_id == data["request_id"]):
+            return None
+        return Remembered((request_id, revision), request_id, str(data["reason"]))
+    except (ValueError, TypeError, KeyError, RecursionError):
+        return None
 
 
 def _record(row: Any) -> LeaseRecord:
@@ -337,15 +375,13 @@ class _Transaction:
         rows = self._rows or {}
         if self._inserted:
             self.conn.execute(leases_table.insert(), [_values(rows[i]) for i in sorted(self._inserted)])
-        for row in self._changed.values():
-            record = row.record
-            values: dict[str, Any] = {"status": record.status.value, "granted_at": record.granted_at,
-                                      "expires_at": record.expires_at, "revision": row.revision,
-                                      "summary": record.summary}
-            if row.revision != self._loaded_revisions.get(row.request_id):
-                values["request"] = row.request.json_text
+        replanned = [r for r in self._changed.values() if r.revision != self._loaded_revisions.get(r.request_id)]
+        for row in replanned:   # a new footprint: rare, one statement each
             self.conn.execute(leases_table.update().where(leases_table.c.request_id == row.request_id)
-                              .values(**values))
+                              .values(**_changed_values(row), request=row.request.json_text))
+        moved = [r for r in self._changed.values() if r.revision == self._loaded_revisions.get(r.request_id)]
+        for start in range(0, len(moved), _ROWS_PER_UPDATE):   # a release that grants many: one statement
+            self.conn.execute(_update_many(moved[start:start + _ROWS_PER_UPDATE]))
         if self._deleted:
             self.conn.execute(leases_table.delete().where(leases_table.c.request_id.in_(sorted(self._deleted))))
         if self._events:
@@ -357,12 +393,35 @@ class _Transaction:
                               .values(next_seq=self._next_seq))
 
 
+_ROWS_PER_UPDATE = 500
+
+
+def _changed_values(row: Row) -> dict[str, Any]:
+    """The columns a decision may change (status, times, revision, summary, the remembered blocker)."""
+    record = row.record
+    return {"status": record.status.value, "granted_at": record.granted_at, "expires_at": record.expires_at,
+            "revision": row.revision, "summary": record.summary, "blocker": _remembered_text(row.remembered)}
+
+
+def _update_many(rows: list[Row]) -> Any:
+    """One UPDATE for ``rows``: each column set by a CASE on the request id (one round trip, however many)."""
+    if len(rows) == 1:
+        return (leases_table.update().where(leases_table.c.request_id == rows[0].request_id)
+                .values(**_changed_values(rows[0])))
+    values = {r.request_id: _changed_values(r) for r in rows}
+    columns = next(iter(values.values())).keys()
+    return (leases_table.update().where(leases_table.c.request_id.in_(sorted(values)))
+            .values(**{name: sa.case({i: sa.literal(v[name], leases_table.c[name].type) for i, v in values.items()},
+                                     value=leases_table.c.request_id) for name in columns}))
+
+
 def _values(row: Row) -> dict[str, Any]:
     record = row.record
     return {"request_id": record.request_id, "pool": record.pool, "table_key": record.table, "owner": record.owner,
             "seq": record.seq, "revision": row.revision, "status": record.status.value, "summary": record.summary,
             "model": row.model, "max_writers": row.max_writers, "ttl": row.ttl, "request": row.request.json_text,
-            "requested_at": record.requested_at, "granted_at": record.granted_at, "expires_at": record.expires_at}
+            "requested_at": record.requested_at, "granted_at": record.granted_at, "expires_at": record.expires_at,
+            "blocker": _remembered_text(row.remembered)}
 
 
 def _now_sql(dialect: str) -> Any:

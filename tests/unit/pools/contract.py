@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,10 @@ import pytest
 from airflow_delta_occ.engine import DeltaLog, Snapshot
 from airflow_delta_occ.engine.planner import TableState, plan_footprint
 from airflow_delta_occ.exceptions import LeaseLostError, LeaseOwnershipError
+from airflow_delta_occ.pools import compare
+from airflow_delta_occ.pools.compare import PairJudge
 from airflow_delta_occ.pools.leases.base import LeaseStore
+from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
 from airflow_delta_occ.pools.requests import AuditKind, LeaseRequest, LeaseStatus
 
 from ..engine.logbuilder import LogBuilder, add, commit_info, metadata, protocol
@@ -260,6 +263,69 @@ class LeaseStoreContract:
         assert append.status is LeaseStatus.WAITING
         assert [b.request_id for b in append.blockers] == [reader.request_id, None]
         assert "writer limit of 1" in append.blockers[1].reason
+
+    # -- decisions that stay cheap: stop at the first blocker, remember it with the request ---------
+    @pytest.fixture
+    def reopen(self) -> Iterator[Callable[[LeaseStore], LeaseStore]]:
+        """The same store as a fresh task process sees it: nothing judged yet (a SQL store is opened anew)."""
+        opened: list[LeaseStore] = []
+
+        def make(store: LeaseStore) -> LeaseStore:
+            if isinstance(store, SqlLeaseStore):
+                opened.append(SqlLeaseStore(store.engine.url.render_as_string(hide_password=False)))
+                return opened[-1]
+            store.judge = PairJudge()
+            return store
+        yield make
+        for store in opened:
+            store.close()
+
+    @pytest.fixture
+    def judged(self, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+        """Every pair the judges of this process compare (a memo hit is not a comparison)."""
+        pairs: list[tuple[str, str]] = []
+        verdict = compare.lease_verdict
+
+        def counted(a: compare.PlannedJob, b: compare.PlannedJob, model: Any) -> compare.Verdict:
+            pairs.append((a.footprint.label, b.footprint.label))
+            return verdict(a, b, model)
+        monkeypatch.setattr(compare, "lease_verdict", counted)
+        return pairs
+
+    def test_a_fresh_process_does_not_judge_again_the_waiters_of_a_held_lease(
+            self, store: LeaseStore, request_for: Request, reopen: Callable[[LeaseStore], LeaseStore],
+            judged: list[tuple[str, str]]) -> None:
+        """Issue #23: every waiter was compared with every earlier one, and a store opened in a new task
+        process paid all of those comparisons inside the pool's lock."""
+        optimize = store.acquire(request_for("optimize", "OPTIMIZE"))
+        waiters = [store.acquire(request_for(f"w{i}", "UPDATE", f"country = '{('DE', 'FR', 'IT')[i % 3]}'"))
+                   for i in range(12)]
+        assert optimize.granted and not any(w.granted for w in waiters)
+        assert len(judged) <= 2 * 12, f"each waiter: the holder, then at most the first request ahead of it: {judged}"
+        judged.clear()
+        fresh = reopen(store)
+        late = fresh.acquire(request_for("late", "UPDATE", "country = 'DE'"))
+        assert not late.granted and [b.owner for b in late.blockers] == ["optimize", "w0"]
+        assert len(judged) <= 3, f"only the newcomer is judged, not the 12 waiters: {judged}"
+        judged.clear()
+        state = fresh.poll(waiters[7].request_id, "w7")
+        assert state.status is LeaseStatus.WAITING and [b.owner for b in state.blockers] == ["optimize", "w1"]
+        assert len(judged) <= 2, f"a poll explains its own request only: {judged}"
+
+    def test_the_held_lease_a_waiter_remembers_is_forgotten_once_released(
+            self, store: LeaseStore, request_for: Request, reopen: Callable[[LeaseStore], LeaseStore]) -> None:
+        optimize = store.acquire(request_for("optimize", "OPTIMIZE"))
+        first = store.acquire(request_for("first", "UPDATE", "country = 'DE'"))
+        second = store.acquire(request_for("second", "DELETE", "country = 'DE' AND id = 3"))
+        other = store.acquire(request_for("other", "UPDATE", "country = 'FR'"))
+        assert not (first.granted or second.granted or other.granted)
+        fresh = reopen(store)
+        assert fresh.release(optimize.request_id, "optimize")
+        assert fresh.poll(first.request_id, "first").granted and fresh.poll(other.request_id, "other").granted
+        waiting = fresh.poll(second.request_id, "second")
+        assert not waiting.granted and [b.owner for b in waiting.blockers] == ["first"]
+        assert fresh.release(first.request_id, "first")
+        assert fresh.poll(second.request_id, "second").granted
 
     # -- 2: writer limit --------------------------------------------------------------------------
     def test_the_writer_limit_counts_every_table_of_the_pool(self, store: LeaseStore, request_for: Request) -> None:

@@ -1,0 +1,159 @@
+"""The arbiter's cost: decisions grow about linearly with the waiters, and the partition index changes none.
+
+Issue #23 measured the grant rule as quadratic (every waiter compared with every earlier one, every
+blocker collected). Counted here as comparisons (``lease_verdict`` calls), not as time, so the claim
+holds on any machine; ``benchmarks/arbiter_scale.py`` times it up to 1,000 waiters.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_delta_occ.engine import DeltaLog, Snapshot
+from airflow_delta_occ.engine.planner import TableState, plan_footprint
+from airflow_delta_occ.pools import compare
+from airflow_delta_occ.pools.arbiter import Candidate, Decision, Remembered, decide
+from airflow_delta_occ.pools.compare import PairJudge, PlannedJob, compact, reach
+
+from ..engine.logbuilder import LogBuilder, add, commit_info, metadata, protocol
+
+pytestmark = pytest.mark.unit
+
+
+def _dates(n: int) -> list[str]:
+    return [str(datetime.date(2020, 1, 1) + datetime.timedelta(days=i)) for i in range(n)]
+
+
+def _table(root: Path, dates: Sequence[str], countries: Sequence[str] = ("DE",)) -> Snapshot:
+    b = LogBuilder(root)
+    b.commit(commit_info("CREATE TABLE"), protocol(), metadata(("date", "country") if countries else ()))
+    b.commit(commit_info(), *(add(f"{d}-{c}.parquet", {"date": d, "country": c} if countries else {})
+                              for d in dates for c in (countries or ("",))))
+    return DeltaLog.for_table(b.root).snapshot()
+
+
+def _candidate(snapshot: Snapshot, seq: int, op: str, predicate: str | None, *, indexed: bool = True,
+               granted_at: float | None = None, hold: float | None = None, model: str = "delta",
+               **options: Any) -> Candidate:
+    job = PlannedJob(compact(plan_footprint(snapshot, op, predicate, label=f"r{seq}", **options)),
+                     TableState.of(snapshot))
+    spanned = reach(job, model)  # type: ignore[arg-type]
+    return Candidate(request_id=f"r{seq}", key=(f"r{seq}", 0), table="t", owner=f"o{seq}", load=lambda: job,
+                     model=model, max_writers=None, granted_at=granted_at, seq=seq, hold=lambda: hold,
+                     span=(lambda: spanned) if indexed else (lambda: None))
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    pairs: list[tuple[str, str]] = []
+    verdict = compare.lease_verdict
+
+    def counting(a: PlannedJob, b: PlannedJob, model: Any) -> compare.Verdict:
+        pairs.append((a.footprint.label, b.footprint.label))
+        return verdict(a, b, model)
+    monkeypatch.setattr(compare, "lease_verdict", counting)
+    return pairs
+
+
+@pytest.mark.parametrize("n", [50, 200])
+def test_waiters_behind_a_whole_table_lease_cost_one_comparison_each(tmp_path: Path, n: int,
+                                                                     counted: list[tuple[str, str]]) -> None:
+    dates = _dates(n)
+    snapshot = _table(tmp_path / "t", dates)
+    optimize = _candidate(snapshot, 0, "OPTIMIZE", None, granted_at=0.0)
+    waiters = [_candidate(snapshot, i + 1, "UPDATE", f"date = '{d}'") for i, d in enumerate(dates)]
+    decision = decide([optimize], waiters, PairJudge())
+    assert not decision.granted and all(b[0].owner == "o0" for b in decision.blockers.values())
+    assert len(counted) == n, "one comparison per waiter (was n(n+1)/2: each with every earlier one)"
+    counted.clear()
+    released = decide([], waiters, PairJudge())
+    assert len(released.granted) == n and counted == [], "partition-disjoint requests are never compared"
+
+
+def test_a_remembered_blocker_still_held_costs_no_comparison(tmp_path: Path, counted: list[tuple[str, str]]) -> None:
+    dates = _dates(30)
+    snapshot = _table(tmp_path / "t", dates)
+    optimize = _candidate(snapshot, 0, "OPTIMIZE", None, granted_at=0.0)
+    waiters = [_candidate(snapshot, i + 1, "UPDATE", f"date = '{d}'") for i, d in enumerate(dates)]
+    first = decide([optimize], waiters, PairJudge())
+    remembered = [Candidate(**{**_fields(w), "remembered": first.remember[w.request_id]}) for w in waiters]
+    assert all(isinstance(r.remembered, Remembered) for r in remembered)
+    counted.clear()
+    again = decide([optimize], remembered, PairJudge())   # a fresh process: nothing judged yet
+    assert counted == [] and again.blockers == first.blockers
+    moved = Candidate(**{**_fields(optimize), "key": ("r0", 1)})   # the holder re-planned: judged again
+    decide([moved], remembered, PairJudge())
+    assert len(counted) == len(waiters)
+
+
+def test_a_chain_on_one_partition_costs_one_comparison_per_waiter_when_the_holder_leaves(
+        tmp_path: Path, counted: list[tuple[str, str]]) -> None:
+    snapshot = _table(tmp_path / "t", ["2024-01-01"], countries=())
+    waiters = [_candidate(snapshot, i, "UPDATE", "id > 3") for i in range(1, 101)]
+    decision = decide([], waiters, PairJudge())
+    assert decision.granted == ("r1",)
+    assert len(counted) == 99, "each later waiter stops at the first lease it conflicts with"
+
+
+def _fields(c: Candidate) -> dict[str, Any]:
+    return {f: getattr(c, f) for f in ("request_id", "key", "table", "owner", "load", "model", "max_writers",
+                                       "granted_at", "seq", "hold", "span", "remembered")}
+
+
+MENU: list[tuple[str, str | None, dict[str, Any]]] = [
+    ("UPDATE", "date = '{d}' AND country = '{c}'", {}),
+    ("UPDATE", "country = '{c}'", {}),
+    ("DELETE", "date = '{d}' AND id > 3", {}),
+    ("MERGE", "t.id = s.id AND t.date = '{d}'", {"target_alias": "t", "write_partitions": [
+        {"date": "{d}", "country": "{c}"}]}),
+    ("OPTIMIZE", "date = '{d}'", {}),
+    ("OPTIMIZE", None, {}),
+    ("INSERT", None, {"write_partitions": [{"date": "{d}", "country": "{c}"}]}),
+    ("INSERT", None, {}),
+    ("UPDATE", "date >= '{d}'", {}),
+    ("REPLACE_WHERE", "date = '{d}' AND country IN ('{c}', 'FR')", {}),
+]
+
+
+def _fill(value: Any, d: str, c: str) -> Any:
+    if isinstance(value, str):
+        return value.replace("{d}", d).replace("{c}", c)
+    if isinstance(value, list):
+        return [_fill(v, d, c) for v in value]
+    if isinstance(value, dict):
+        return {k: _fill(v, d, c) for k, v in value.items()}
+    return value
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_partition_index_changes_no_decision(tmp_path: Path, seed: int) -> None:
+    """The index only skips pairs that cannot conflict, so the decision with it equals the decision that
+    compares every pair: same grants, same blockers, same remembered leases (rule 2a included)."""
+    rng = random.Random(seed)
+    dates, countries = _dates(4), ("DE", "FR", "IT")
+    snapshot = _table(tmp_path / "t", dates, countries)
+    model = rng.choice(["delta", "databricks", "maxcompute"])
+    plans = []
+    for seq in range(rng.randint(8, 24)):
+        op, predicate, options = rng.choice(MENU)
+        d, c = rng.choice(dates), rng.choice(countries)
+        held = rng.random() < 0.25
+        plans.append((seq, op, _fill(predicate, d, c), _fill(options, d, c), held, rng.choice([None, 5.0, 50.0])))
+
+    def decision(indexed: bool) -> Decision:
+        made = [(held, _candidate(snapshot, seq, op, predicate, indexed=indexed, model=model,
+                                  granted_at=0.0 if held else None, hold=hold, **options))
+                for seq, op, predicate, options, held, hold in plans]
+        return decide([c for held, c in made if held], [c for held, c in made if not held], PairJudge(), now=1.0)
+
+    # holders are whatever the draw made them (they may conflict): the rule is judged on the waiters
+    with_index, without = decision(True), decision(False)
+    assert with_index == without
+    assert any(itertools.chain(with_index.granted, with_index.blockers))

@@ -411,8 +411,10 @@ def _update_many(rows: list[Row]) -> Any:
     values = {r.request_id: _changed_values(r) for r in rows}
     columns = next(iter(values.values())).keys()
     return (leases_table.update().where(leases_table.c.request_id.in_(sorted(values)))
-            .values(**{name: sa.case({i: sa.literal(v[name], leases_table.c[name].type) for i, v in values.items()},
-                                     value=leases_table.c.request_id) for name in columns}))
+            .values(**{name: sa.cast(sa.case({i: sa.literal(v[name], leases_table.c[name].type)   # typed: a CASE
+                                              for i, v in values.items()},                       # of NULLs is text
+                                             value=leases_table.c.request_id), leases_table.c[name].type)
+                       for name in columns}))
 
 
 def _values(row: Row) -> dict[str, Any]:

@@ -327,6 +327,23 @@ class LeaseStoreContract:
         assert fresh.release(first.request_id, "first")
         assert fresh.poll(second.request_id, "second").granted
 
+    def test_waiters_move_on_to_the_next_lease_they_wait_for_together(
+            self, store: LeaseStore, request_for: Request) -> None:
+        """A release after which several waiters still wait, each now for another lease, rewrites their rows
+        in one statement (PostgreSQL once refused it: the CASE of their NULL grant times had no type)."""
+        optimize = store.acquire(request_for("optimize", "OPTIMIZE"))
+        append = store.acquire(request_for("append", "INSERT"))   # blind, anywhere: no conflict with compaction
+        de = store.acquire(request_for("de", "UPDATE", "country = 'DE'"))
+        fr = store.acquire(request_for("fr", "UPDATE", "country = 'FR'"))
+        assert optimize.granted and append.granted and not (de.granted or fr.granted)
+        assert [b.owner for b in de.blockers] == ["optimize", "append"]
+        assert store.release(optimize.request_id, "optimize")
+        for state, owner in ((de, "de"), (fr, "fr")):
+            now = store.poll(state.request_id, owner)
+            assert not now.granted and [b.owner for b in now.blockers] == ["append"]
+        assert store.release(append.request_id, "append")
+        assert store.poll(de.request_id, "de").granted and store.poll(fr.request_id, "fr").granted
+
     # -- 2: writer limit --------------------------------------------------------------------------
     def test_the_writer_limit_counts_every_table_of_the_pool(self, store: LeaseStore, request_for: Request) -> None:
         a = store.acquire(request_for("a", "UPDATE", "country = 'DE'", max_writers=2))

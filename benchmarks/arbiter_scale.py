@@ -50,7 +50,7 @@ from airflow_delta_occ.engine import DeltaLog, Snapshot  # noqa: E402
 from airflow_delta_occ.engine.planner import TableState, plan_footprint  # noqa: E402
 from airflow_delta_occ.pools import arbiter  # noqa: E402
 from airflow_delta_occ.pools.arbiter import Candidate, decide  # noqa: E402
-from airflow_delta_occ.pools.compare import PairJudge, PlannedJob, compact, reach  # noqa: E402
+from airflow_delta_occ.pools.compare import PairJudge, PlannedJob, reach  # noqa: E402
 from airflow_delta_occ.pools.leases.base import LeaseStore  # noqa: E402
 from airflow_delta_occ.pools.leases.memory import MemoryLeaseStore  # noqa: E402
 from airflow_delta_occ.pools.leases.sql import SqlLeaseStore  # noqa: E402
@@ -71,6 +71,7 @@ def baseline_rule() -> ModuleType | None:
     spec = importlib.util.spec_from_file_location("airflow_delta_occ.pools._arbiter_baseline", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module   # dataclasses look their module up while the class is made
     spec.loader.exec_module(module)
     return module
 

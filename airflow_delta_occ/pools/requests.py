@@ -98,7 +98,7 @@ class LeaseRequest:
         worked out (then the request is compared with every other of its table, and the judge decides)."""
         try:
             return reach(self.planned, self.model)
-        except Exception:   # noqa: BLE001 - an unreadable footprint is never filed as narrower than it is
+        except Exception:   # an unreadable footprint is never filed as narrower than it is
             return None
 
     @functools.cached_property

@@ -35,14 +35,14 @@ from __future__ import annotations
 import functools
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from airflow_delta_occ.exceptions import LeaseLostError, LeaseOwnershipError
+from airflow_delta_occ.exceptions import LeaseError, LeaseLostError, LeaseOwnershipError
 
-from ..arbiter import Candidate, Remembered, decide, explain
+from ..arbiter import Candidate, Decision, Remembered, decide, explain
 from ..compare import PairJudge
 from ..requests import AuditEvent, AuditKind, Blocker, LeaseRecord, LeaseRequest, LeaseState, LeaseStatus
 
@@ -194,18 +194,10 @@ class LeaseStore(ABC):
         pool = self._pool(request_id)
         if pool is None:
             return LeaseState(request_id, LeaseStatus.GONE, checked_at=0.0)
-        quiet = self._quiet_state(pool, request_id, owner)
-        if quiet is not None:
-            return quiet
-        with self._locked(pool) as txn:
-            self._expire(txn)  # a waiter that polls after its TTL was abandoned, whoever noticed first
-            row = self._own(txn, request_id, owner)
-            if row is not None and row.record.status is LeaseStatus.WAITING:
-                txn.update(replace(row, record=replace(row.record, expires_at=txn.now + row.ttl)))
-            state, rows = self._settle(txn, request_id)
-            if state.granted and _heartbeat_due(state.record, row, txn.now):
-                return replace(state, record=self._extend(txn, request_id))
-        return self._explained(state, rows)
+        answer = self._poll_pool(pool, [(request_id, owner)])[request_id]
+        if isinstance(answer, LeaseOwnershipError):
+            raise answer
+        return answer
 
     def poll_or_ask_again(self, request_id: str, request: LeaseRequest) -> LeaseState:
         """One step of a wait: ``poll``; a request that is gone (released, or abandoned while nobody polled
@@ -219,9 +211,91 @@ class LeaseStore(ABC):
             return self.acquire(request)
         return state
 
-    def _quiet_state(self, pool: str, request_id: str, owner: str) -> LeaseState | None:
-        """The answer to a poll when nothing is due, from an unlocked read; ``None`` when the lock is needed."""
+    def poll_many(self, waits: Sequence[tuple[str, LeaseRequest]]) -> dict[str, LeaseState | LeaseError]:
+        """``poll_or_ask_again`` for many waiting requests at once (a triggerer's deferred waiters).
+
+        One unlocked read per pool answers every request with nothing due, and one transaction per pool
+        renews and settles the others, so a thousand waiters of one pool cost about one query per poll
+        interval, not a thousand. Each request gets its own answer: its state, or the error its own poll
+        would have raised (``LeaseOwnershipError``; ``LeaseStoreError`` for every request of a pool the
+        store failed on). Requests that are gone are asked for again, one by one.
+        """
+        answers: dict[str, LeaseState | LeaseError] = {}
+        by_pool: dict[str, list[tuple[str, str]]] = {}
+        for request_id, request in waits:
+            try:
+                pool = self._pool(request_id)
+            except LeaseError as exc:
+                answers[request_id] = exc
+                continue
+            if pool is None:
+                answers[request_id] = LeaseState(request_id, LeaseStatus.GONE, checked_at=0.0)
+            else:
+                by_pool.setdefault(pool, []).append((request_id, request.owner))
+        for pool, items in by_pool.items():
+            try:
+                answers.update(self._poll_pool(pool, items))
+            except LeaseError as exc:
+                answers.update({request_id: exc for request_id, _ in items})
+        for request_id, request in waits:
+            answer = answers.get(request_id)
+            if isinstance(answer, LeaseState) and answer.status is LeaseStatus.GONE:
+                try:
+                    answers[request_id] = self.acquire(request)
+                except LeaseError as exc:
+                    answers[request_id] = exc
+        return answers
+
+    def revisions(self, pools: Collection[str]) -> dict[str, int]:
+        """``revision`` of each pool (SQL stores read them in one query)."""
+        return {pool: self.revision(pool) for pool in pools}
+
+    def _poll_pool(self, pool: str, items: Sequence[tuple[str, str]]) -> dict[str, LeaseState | LeaseOwnershipError]:
+        """Poll ``items`` (request id, owner) of one pool: answered from one unlocked read where nothing is
+        due, the rest in one locked transaction (see ``poll``)."""
         rows, now = self._read(pool)
+        answers: dict[str, LeaseState | LeaseOwnershipError] = {}
+        pending: list[tuple[str, str]] = []
+        decided: list[Decision] = []   # one decision per read at most, shared by the quiet answers
+        for request_id, owner in items:
+            try:
+                quiet = self._quiet_state(rows, now, request_id, owner, decided)
+            except LeaseOwnershipError as exc:
+                answers[request_id] = exc
+                continue
+            if quiet is None:
+                pending.append((request_id, owner))
+            else:
+                answers[request_id] = quiet
+        if not pending:
+            return answers
+        states: dict[str, LeaseState] = {}
+        with self._locked(pool) as txn:
+            self._expire(txn)  # a waiter that polls after its TTL was abandoned, whoever noticed first
+            owned: dict[str, Row | None] = {}
+            for request_id, owner in pending:
+                try:
+                    row = self._own(txn, request_id, owner)
+                except LeaseOwnershipError as exc:
+                    answers[request_id] = exc
+                    continue
+                if row is not None and row.record.status is LeaseStatus.WAITING:
+                    txn.update(replace(row, record=replace(row.record, expires_at=txn.now + row.ttl)))
+                owned[request_id] = row
+            decision, by_id = self._grant(txn)
+            for request_id, row in owned.items():
+                state = _state_of(decision, by_id, request_id, txn.now)
+                if state.granted and _heartbeat_due(state.record, row, txn.now):
+                    state = replace(state, record=self._extend(txn, request_id))
+                states[request_id] = state
+            after = txn.rows()
+        answers.update({request_id: self._explained(state, after) for request_id, state in states.items()})
+        return answers
+
+    def _quiet_state(self, rows: Sequence[Row], now: float, request_id: str, owner: str,
+                     decided: list[Decision]) -> LeaseState | None:
+        """The answer to a poll when nothing is due, from an unlocked read; ``None`` when the lock is needed.
+        ``decided`` holds the read's decision once one answer needed it."""
         mine = next((r for r in rows if r.request_id == request_id), None)
         if mine is None or any(r.record.expires_at <= now for r in rows):
             return None
@@ -233,12 +307,13 @@ class LeaseStore(ABC):
         state = LeaseState(request_id, LeaseStatus.WAITING, now, mine.record)
         if _remembered_holder(mine, rows) is not None:   # it waits for a lease still held: no decision needed
             return self._explained(state, rows)
-        decision = decide([_candidate(r) for r in rows if r.record.status is LeaseStatus.GRANTED],
-                          [_candidate(r) for r in rows if r.record.status is LeaseStatus.WAITING], self.judge,
-                          now=now)
-        if decision.granted:
+        if not decided:
+            decided.append(decide([_candidate(r) for r in rows if r.record.status is LeaseStatus.GRANTED],
+                                  [_candidate(r) for r in rows if r.record.status is LeaseStatus.WAITING],
+                                  self.judge, now=now))
+        if decided[0].granted:
             return None   # a grant is due (a release that granted nothing, a limit raised): make it under the lock
-        return self._explained(replace(state, blockers=decision.blockers.get(request_id, ())), rows)
+        return self._explained(replace(state, blockers=decided[0].blockers.get(request_id, ())), rows)
 
     def _explained(self, state: LeaseState, rows: Sequence[Row]) -> LeaseState:
         """``state`` of a waiting request with every held lease it waits for and the first request ahead of it
@@ -336,6 +411,14 @@ class LeaseStore(ABC):
 
     def _settle(self, txn: PoolTransaction, request_id: str | None) -> tuple[LeaseState, list[Row]]:
         """Expire, grant what the rule allows, and report ``request_id``'s state and the pool's rows after it."""
+        decision, by_id = self._grant(txn)
+        rows = list(by_id.values())
+        if request_id is None:
+            return LeaseState("", LeaseStatus.GONE, txn.now), rows
+        return _state_of(decision, by_id, request_id, txn.now), rows
+
+    def _grant(self, txn: PoolTransaction) -> tuple[Decision, dict[str, Row]]:
+        """Expire, then grant what the rule allows (remembering each waiter's held blocker); the live rows after."""
         live = self._expire(txn)
         holders = [_candidate(r) for r in live if r.record.status is LeaseStatus.GRANTED]
         waiters = [_candidate(r) for r in live if r.record.status is LeaseStatus.WAITING]
@@ -354,14 +437,7 @@ class LeaseStore(ABC):
             by_id[granted_id] = replace(row, record=record, remembered=None)
             txn.update(by_id[granted_id])
             self._audit(txn, record, AuditKind.GRANT, f"waited {txn.now - record.requested_at:.3f} s")
-        rows = list(by_id.values())
-        if request_id is None:
-            return LeaseState("", LeaseStatus.GONE, txn.now), rows
-        found = by_id.get(request_id)
-        if found is None:
-            return LeaseState(request_id, LeaseStatus.GONE, txn.now), rows
-        return (LeaseState(request_id, found.record.status, txn.now, found.record,
-                           decision.blockers.get(request_id, ())), rows)
+        return decision, by_id
 
     @staticmethod
     def _audit(txn: PoolTransaction, record: LeaseRecord, kind: AuditKind, detail: str = "") -> None:
@@ -383,6 +459,13 @@ def _heartbeat_due(record: LeaseRecord | None, row: Row | None, now: float) -> b
 def _request_detail(request: LeaseRequest) -> str:
     """The request's JSON (its footprint per partition): enough to re-judge any two grants from the audit alone."""
     return request.json_text
+
+
+def _state_of(decision: Decision, by_id: Mapping[str, Row], request_id: str, now: float) -> LeaseState:
+    found = by_id.get(request_id)
+    if found is None:
+        return LeaseState(request_id, LeaseStatus.GONE, now)
+    return LeaseState(request_id, found.record.status, now, found.record, decision.blockers.get(request_id, ()))
 
 
 def _remembered_holder(row: Row, rows: Sequence[Row]) -> Blocker | None:

@@ -181,6 +181,15 @@ class SqlLeaseStore(LeaseStore):
             found = conn.execute(sa.select(pools_table.c.next_seq).where(pools_table.c.name == pool)).scalar()
         return 0 if found is None else int(found)
 
+    def revisions(self, pools: Collection[str]) -> dict[str, int]:
+        """``revision`` of each pool in one query (a triggerer watching many waiters checks them all at once)."""
+        if not pools:
+            return {}
+        with self._errors("read pools"), self._reading() as conn:
+            found = dict(conn.execute(sa.select(pools_table.c.name, pools_table.c.next_seq)
+                                      .where(pools_table.c.name.in_(sorted(pools)))).tuples().all())
+        return {pool: int(found.get(pool, 0)) for pool in pools}
+
     def _now(self) -> Any:
         """The clock as a SQL expression: the database's, or the injected ``clock``'s reading now."""
         if self.clock is None:

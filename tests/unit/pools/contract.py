@@ -344,6 +344,75 @@ class LeaseStoreContract:
         assert store.release(append.request_id, "append")
         assert store.poll(de.request_id, "de").granted and store.poll(fr.request_id, "fr").granted
 
+    # -- many waiters polled at once (a triggerer's) ----------------------------------------------
+    def test_polling_many_answers_each_request_as_its_own_poll_would(
+            self, store: LeaseStore, request_for: Request) -> None:
+        optimize = store.acquire(request_for("optimize", "OPTIMIZE"))
+        waiting = {f"w{i}": request_for(f"w{i}", "UPDATE", f"country = '{('DE', 'FR')[i % 2]}'") for i in range(6)}
+        ids = {owner: store.acquire(r).request_id for owner, r in waiting.items()}
+        other = store.acquire(request_for("other", "UPDATE", "country = 'IT'", table_key="t2"))
+        gone = request_for("gone", "UPDATE", "country = 'IT'", table_key="t3")
+        gone_id = store.acquire(gone).request_id
+        assert store.release(gone_id, "gone")
+        stranger = dataclasses.replace(waiting["w0"], owner="stranger")
+        answers = store.poll_many([*((ids[o], r) for o, r in waiting.items()),
+                                   (other.request_id, request_for("other", "UPDATE", "country = 'IT'", table_key="t2")),
+                                   (gone_id, gone)])
+        for owner in waiting:
+            alone = store.poll(ids[owner], owner)
+            answer = answers[ids[owner]]
+            assert isinstance(answer, type(alone)) and answer.status is LeaseStatus.WAITING
+            assert [b.owner for b in answer.blockers] == [b.owner for b in alone.blockers]
+            assert answer.blockers[0].owner == "optimize"
+        assert answers[other.request_id].granted                          # t2 is another table of the pool
+        asked_again = answers[gone_id]
+        assert not isinstance(asked_again, Exception) and asked_again.granted and asked_again.request_id != gone_id
+        assert isinstance(store.poll_many([(ids["w0"], stranger)])[ids["w0"]], LeaseOwnershipError)
+        assert optimize.granted
+
+    def test_polling_many_waiters_of_a_pool_reads_it_once(
+            self, store: LeaseStore, request_for: Request, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Issue #23: a triggerer's waiters each polled the store; one interval's polls are one read per pool."""
+        store.acquire(request_for("optimize", "OPTIMIZE"))
+        waiting = [request_for(f"w{i}", "UPDATE", f"country = '{('DE', 'FR', 'IT')[i % 3]}'") for i in range(30)]
+        waits = [(store.acquire(r).request_id, r) for r in waiting]
+        reads: list[str] = []
+        read = store._read
+
+        def counted(pool: str) -> Any:
+            reads.append(pool)
+            return read(pool)
+        monkeypatch.setattr(store, "_read", counted)
+        answers = store.poll_many(waits)
+        assert all(not isinstance(a, Exception) and a.status is LeaseStatus.WAITING for a in answers.values())
+        assert reads == ["sales"]
+
+    def test_polling_many_renews_every_due_waiter_in_one_transaction(
+            self, clocked_store: LeaseStore, clock: Clock, request_for: Request,
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        store, ttl, t0 = clocked_store, 60.0, clock.now
+        holder = store.acquire(request_for("holder", "UPDATE", "country = 'DE'", ttl=ttl))
+        waiting = [request_for(f"w{i}", "DELETE", f"country = 'DE' AND id = {i}", ttl=ttl) for i in range(8)]
+        waits = [(store.acquire(r).request_id, r) for r in waiting]
+        locks: list[str] = []
+        locked = store._locked
+
+        def counted(pool: str) -> Any:
+            locks.append(pool)
+            return locked(pool)
+        monkeypatch.setattr(store, "_locked", counted)
+        clock.now = t0 + 0.5 * ttl   # past a third of the TTL: every waiter's heartbeat is due
+        answers = store.poll_many(waits)
+        assert locks == ["sales"]
+        assert all(not isinstance(a, Exception) and a.record is not None and a.record.expires_at == _at(clock.now + ttl)
+                   for a in answers.values())
+        clock.now = t0 + 1.2 * ttl   # the holder stopped renewing and expired; the waiters live on that poll
+        again = store.poll_many(waits)
+        assert [a.request_id for a in again.values() if not isinstance(a, Exception)] == [i for i, _ in waits]
+        assert [a.granted for a in again.values() if not isinstance(a, Exception)] == [True] + [False] * 7
+        assert ("holder", AuditKind.EXPIRE) in [(e.owner, e.kind) for e in store.history()]
+        assert holder.granted
+
     # -- 2: writer limit --------------------------------------------------------------------------
     def test_the_writer_limit_counts_every_table_of_the_pool(self, store: LeaseStore, request_for: Request) -> None:
         a = store.acquire(request_for("a", "UPDATE", "country = 'DE'", max_writers=2))

@@ -363,6 +363,11 @@ class LeaseWait:
             state = store.poll_or_ask_again(self.request_id, self.request)
         except LeaseStoreError as exc:
             return self.failed(exc)
+        return self.answered(state)
+
+    def answered(self, state: LeaseState) -> WaitStep:
+        """Record what ``poll_or_ask_again`` (or ``poll_many``) answered for the request: a new request id when
+        it was asked for again."""
         self.failures = 0
         if state.request_id != self.request_id:
             self.log.info("lease request %s of %s was gone (released, or abandoned while nobody polled it); asked "

@@ -21,8 +21,10 @@ with ``execute_complete(context, event=...)`` where ``event`` is one of:
 * ``{"status": "error", "request_id", "message"}``: the connection names no usable store, the request
   cannot be read, or the store failed ``pools.holding.MAX_FAILURES`` times in a row.
 
-Between full polls the trigger reads the pool's revision every ``DEFERRED_WAKE_SECONDS`` (one cheap read
-without the pool's lock) and polls at once when it moved, so a grant is seen within that time.
+The triggerer's waiters of one store share one store and one polling loop (``poller.StorePoller``): every
+``DEFERRED_WAKE_SECONDS`` one cheap read of every watched pool's revision, then one batched poll of the
+waiters whose pool moved or whose own poll is due, so a grant is seen within that time and a thousand
+waiters cost about one read per pool per poll interval, not a thousand.
 
 An event is never sent sooner than ``settle_seconds()`` after the trigger started. Airflow 3.3 (apache/airflow
 #72716, fixes open as #72767 and #71579) fails a task whose trigger fires so soon after the deferral that
@@ -41,7 +43,7 @@ be granted before it leaves. No margin covers every case: a worker that keeps th
 sockets open (``[workers] socket_cleanup_timeout``) or uploads remote logs first reads the exit later.
 
 The triggerer must not load pyarrow or Spark for every trigger it runs: the store, the request types
-and the engine they import are loaded inside ``run()``, in a thread. Connections are read with
+and the engine they import are loaded inside ``run()``, off the event loop. Connections are read with
 ``BaseHook.aget_connection`` (in the triggerer, through its supervisor; there is no metadata
 database access here). ``on_kill`` cancels the request when a user marks the deferred task failed
 or successful, or clears it, so a task that no longer waits does not keep its place.
@@ -50,8 +52,8 @@ or successful, or clears it, so a task that no longer waits does not keep its pl
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
@@ -61,17 +63,17 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_delta_occ.exceptions import LeaseError, LeaseStoreError
 from airflow_delta_occ.hooks.leases import store_url
 from airflow_delta_occ.pools.holding import (
-    DEFERRED_WAKE_SECONDS,
     LeaseWait,
     Log,
     WaitEstimate,
     cancel_requests,
     grant_is_near,
 )
+from airflow_delta_occ.triggers.poller import shared_poller
 
 if TYPE_CHECKING:
     from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
-    from airflow_delta_occ.pools.requests import LeaseRequest
+    from airflow_delta_occ.pools.requests import LeaseRequest, LeaseState
 
 SETTLE_MARGIN_SECONDS = 2.0   # beyond the worker's exit notice, for the scheduler's loop (module docstring)
 SETTLE_MIN_SECONDS = 3.0      # never less, whatever the interval
@@ -150,25 +152,29 @@ class DeltaLeaseTrigger(BaseTrigger):
         except (LeaseStoreError, AirflowNotFoundException) as exc:
             return self._error(f"connection {self.lease_conn_id!r}: {exc}")
         wait = LeaseWait(request, self.current_request_id, self.poll_interval, self.log, seen=self.blockers_seen)
-        store: SqlLeaseStore | None = None
+        poller = shared_poller(url)
+        watch = poller.watch(request, wait.request_id)
         estimate: WaitEstimate | None = None
+        delay = 0.0
         try:
             while True:
                 ready: dict[str, Any] | None = None   # the event, once the wait has one to send
+                answer = await poller.next_answer(watch, delay)
                 try:
-                    if store is None:
-                        try:
-                            store = await asyncio.to_thread(_open_store, url)
-                        except LeaseStoreError as exc:
-                            step = wait.failed(exc)   # counted as a failed poll; raises at the limit
-                    if store is not None:
-                        step = await asyncio.to_thread(wait.poll, store)
+                    if isinstance(answer, LeaseStoreError):
+                        step = wait.failed(answer)   # raises at the limit
+                    elif isinstance(answer, LeaseError):
+                        raise answer
+                    else:
+                        step = wait.answered(answer)
+                        watch.request_id = wait.request_id
                         # Estimated only where the grant could be near at all (nobody waits ahead).
                         state = step.state
                         if state is not None and grant_is_near(state, 0.0, self.resume_ahead):
                             if estimate is None:
-                                estimate = await asyncio.to_thread(WaitEstimate.read, store, request.table, self.log)
-                            expected = await asyncio.to_thread(wait.expected, store, state, estimate)
+                                estimate = await poller.call(partial(WaitEstimate.read, table=request.table,
+                                                                     log=self.log))
+                            expected = await poller.call(partial(_expected, wait, state, estimate))
                             if grant_is_near(state, expected, self.resume_ahead):
                                 ready = {"status": "near", "request_id": state.request_id,
                                          "expected": expected, "blockers_seen": wait.blockers.seen(),
@@ -184,25 +190,11 @@ class DeltaLeaseTrigger(BaseTrigger):
                 settling = not_before - loop.time()
                 if ready is not None and settling <= 0:
                     return ready
-                delay = step.delay if ready is None else min(step.delay, settling)
-                await self._sleep(wait, store if step.state is not None else None, delay)
+                # While it settles, a ready wait polls on as a heartbeat, at its interval (a grant's step has no
+                # delay: without the interval it would poll without pause until the settling ends).
+                delay = step.delay if ready is None else min(wait.interval, settling)
         finally:
-            if store is not None:
-                await _close(store)
-
-    @staticmethod
-    async def _sleep(wait: LeaseWait, store: SqlLeaseStore | None, delay: float) -> None:
-        """Sleep until the next full poll is due (``delay``) or ``store``'s pool moves, whichever comes
-        first; with no store to watch (a failure's back-off), the whole ``delay``."""
-        if store is None:
-            await asyncio.sleep(delay)
-            return
-        loop = asyncio.get_running_loop()
-        until = loop.time() + delay
-        while (left := until - loop.time()) > 0:
-            await asyncio.sleep(min(DEFERRED_WAKE_SECONDS, left))
-            if loop.time() < until and await asyncio.to_thread(wait.changed, store):
-                return
+            poller.forget(watch)
 
     async def on_kill(self) -> None:
         """Cancel the request (or release the lease) so a killed or cleared task does not keep its place.
@@ -254,9 +246,8 @@ def _open_store(url: str) -> SqlLeaseStore:
     return SqlLeaseStore(url)
 
 
-async def _close(store: SqlLeaseStore) -> None:
-    with contextlib.suppress(Exception):  # closing must not hide the wait's outcome or its cancellation
-        await asyncio.to_thread(store.close)
+def _expected(wait: LeaseWait, state: LeaseState, estimate: WaitEstimate, store: SqlLeaseStore) -> float | None:
+    return wait.expected(store, state, estimate)
 
 
 def _cancel(url: str, request_ids: set[str], owner: str, table: str | None, log: Log) -> set[str]:

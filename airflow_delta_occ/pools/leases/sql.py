@@ -186,8 +186,8 @@ class SqlLeaseStore(LeaseStore):
         if not pools:
             return {}
         with self._errors("read pools"), self._reading() as conn:
-            found = dict(conn.execute(sa.select(pools_table.c.name, pools_table.c.next_seq)
-                                      .where(pools_table.c.name.in_(sorted(pools)))).tuples().all())
+            found = {str(name): int(seq) for name, seq in conn.execute(
+                sa.select(pools_table.c.name, pools_table.c.next_seq).where(pools_table.c.name.in_(sorted(pools))))}
         return {pool: int(found.get(pool, 0)) for pool in pools}
 
     def _now(self) -> Any:

@@ -294,18 +294,27 @@ def test_no_event_is_sent_sooner_than_the_settling_seconds_after_the_trigger_sta
 
 
 def test_a_lease_granted_while_the_trigger_settles_keeps_its_heartbeat(
-        store: SqlLeaseStore, request_for: Request) -> None:
+        store: SqlLeaseStore, request_for: Request, monkeypatch: pytest.MonkeyPatch) -> None:
     """A pool's TTL may be shorter than the settling time: the trigger polls on while it settles (each poll
     the lease's heartbeat), so the lease granted at once is still held when the event is sent."""
     holder = store.acquire(request_for("holder", "OPTIMIZE"))
     request = request_for("waiter", "UPDATE", "country = 'DE'", ttl=0.9)
     waiting = store.acquire(request)
     store.release(holder.request_id, "holder")   # granted at once: 0.3 s polls, 2 s of settling
+    polls: list[int] = []
+    poll_many = SqlLeaseStore.poll_many
+
+    def counted(self: SqlLeaseStore, waits: Any) -> Any:
+        polls.append(len(waits))
+        return poll_many(self, waits)
+    monkeypatch.setattr(SqlLeaseStore, "poll_many", counted)
     started = time.monotonic()
     payload = asyncio.run(_first_event(_trigger(request, waiting.request_id, poll_interval=0.3, settle=2.0)))
     assert payload["status"] == "granted" and time.monotonic() - started >= 2.0
     assert store.renew(payload["request_id"], "waiter").status is LeaseStatus.GRANTED   # not lost meanwhile
     assert AuditKind.EXPIRE not in {e.kind for e in store.history()}
+    # its heartbeat, not a spin: it polled every 0.3 s while it settled (it once polled without pause)
+    assert 4 <= len(polls) <= 12, polls
 
 
 def test_the_deferring_worker_sets_the_settling_time(
@@ -380,3 +389,37 @@ def test_the_trigger_reports_the_blockers_the_worker_saw_before_it_deferred(
     assert DeltaLeaseTrigger(**trigger.serialize()[1]).blockers_seen == earlier
     payload = asyncio.run(_first_event(trigger))
     assert payload["status"] == "granted" and payload["blockers_seen"] == earlier
+
+
+def test_the_waiters_of_one_store_share_one_connection_pool_and_their_polls(
+        store: SqlLeaseStore, request_for: Request, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #23: each deferred waiter opened its own store and polled it on its own; a triggerer with a
+    thousand waiters held a thousand connection pools and made a thousand queries per poll interval."""
+    holder = store.acquire(request_for("holder", "OPTIMIZE"))
+    requests = [request_for(f"w{i}", "UPDATE", f"date = '2024-02-{i + 1:02d}' AND country = 'DE'")
+                for i in range(24)]
+    ids = [store.acquire(r).request_id for r in requests]
+    opened: list[str] = []
+    polls: list[int] = []
+    init, poll_many = SqlLeaseStore.__init__, SqlLeaseStore.poll_many
+
+    def counted_init(self: SqlLeaseStore, url: str, **kwargs: Any) -> None:
+        opened.append(url)
+        init(self, url, **kwargs)
+
+    def counted_polls(self: SqlLeaseStore, waits: Any) -> Any:
+        polls.append(len(waits))
+        return poll_many(self, waits)
+    monkeypatch.setattr(SqlLeaseStore, "__init__", counted_init)
+    monkeypatch.setattr(SqlLeaseStore, "poll_many", counted_polls)
+    timer = _release_later(store, holder.request_id, "holder", 1.5)
+
+    async def all_of_them() -> list[dict[str, Any]]:
+        return await asyncio.gather(*(_first_event(_trigger(r, i, poll_interval=0.3), timeout=20.0)
+                                      for r, i in zip(requests, ids, strict=True)))
+    payloads = asyncio.run(all_of_them())
+    timer.join()
+    assert [p["status"] for p in payloads] == ["granted"] * len(requests)
+    assert len(opened) == 1, "one store for every waiter of the triggerer"
+    assert sum(polls) >= 4 * len(requests)     # each waiter polled every 0.3 s for 1.5 s (its heartbeat) ...
+    assert len(polls) <= sum(polls) / 8, polls  # ... in batches: a handful of queries, not one per waiter

@@ -33,7 +33,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
@@ -168,18 +169,39 @@ def store_rows(sizes: list[int], workdir: Path, backends: list[str]) -> list[str
                     pool = f"{kind}-{n}-{name}"
                     w = Workload(kind, replace(w.holder, pool=pool), [replace(r, pool=pool) for r in w.waiters])
                     store: LeaseStore = MemoryLeaseStore() if name == "memory" else SqlLeaseStore(url)
-                    held = store.acquire(w.holder)
+                    holder = store if name == "memory" else SqlLeaseStore(url)   # the holder's own process
+                    held = holder.acquire(w.holder)
                     fill = timed(lambda: [store.acquire(r) for r in w.waiters[:-1]])   # noqa: B023
                     fresh = _reopened(store, url)
                     last = timed(lambda: fresh.acquire(w.waiters[-1]))                 # noqa: B023
-                    fresh = _reopened(store, url)
-                    release = timed(lambda: fresh.release(held.request_id, w.holder.owner))  # noqa: B023
+                    holder.renew(held.request_id, w.holder.owner)   # its heartbeat, while the others wait
+                    holder.judge = PairJudge()                      # it judged none of the waiters' pairs
+                    locked = lock_timer(holder)
+                    release = timed(lambda: holder.release(held.request_id, w.holder.owner))  # noqa: B023
                     granted = len(fresh.holders(pool=pool))
                     rows.append(f"| {name} | {kind} | {n} | {fill / max(1, n - 1) * 1000:.1f} | {last * 1000:.1f} | "
-                                f"{release * 1000:.1f} | {granted} |")
+                                f"{release * 1000:.1f} | {locked[-1] * 1000:.1f} | {granted} |")
                     print(rows[-1], file=sys.stderr)
-                    store.close()
+                    for opened in {id(s): s for s in (store, holder, fresh)}.values():
+                        opened.close()
     return rows
+
+
+def lock_timer(store: LeaseStore) -> list[float]:
+    """Seconds each of ``store``'s transactions held the pool's lock, from now on."""
+    held: list[float] = []
+    locked = store._locked
+
+    @contextmanager
+    def timed_lock(pool: str) -> Iterator[Any]:
+        started = time.perf_counter()
+        try:
+            with locked(pool) as txn:
+                yield txn
+        finally:
+            held.append(time.perf_counter() - started)
+    store._locked = timed_lock  # type: ignore[method-assign]
+    return held
 
 
 def _reopened(store: LeaseStore, url: str) -> LeaseStore:
@@ -232,13 +254,14 @@ def main() -> None:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *rules,
         "",
-        "Stores: N-1 requests acquired in one store (mean acquire, ms), then one more acquired by the store opened "
-        "anew (a new `SqlLeaseStore`; memory: a fresh judge), then the holder released by another store opened "
-        "anew; *granted*: holders after the release.",
+        "Stores: N-1 requests acquired in one store (mean acquire, ms), then one more acquired by a store opened "
+        "anew (a new `SqlLeaseStore`, as a new task process has; memory: a fresh judge), then the holder released "
+        "by its own store (its process renewed the lease once meanwhile and judged none of the waiters' pairs): "
+        "the release's time and how long it held the pool's lock; *granted*: holders after the release.",
         "",
-        "| store | workload | N | mean acquire while filling | acquire, fresh store | release, fresh store | "
+        "| store | workload | N | mean acquire while filling | acquire, fresh store | release | release: lock held | "
         "granted |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
         *stored,
     ])
     print(report)

@@ -8,6 +8,7 @@ under *physical* names, so each field keeps its physical name next to its logica
 
 from __future__ import annotations
 
+import functools
 import json
 import reprlib
 from collections.abc import Iterator, Mapping
@@ -145,8 +146,13 @@ class StructType:
 DataType = PrimitiveType | DecimalType | ArrayType | MapType | StructType
 
 
+@functools.lru_cache(maxsize=64)
 def parse_schema(schema_string: str) -> StructType:
-    """Parse a ``metaData.schemaString``; a malformed schema is a corrupt log, not a user error."""
+    """Parse a ``metaData.schemaString``; a malformed schema is a corrupt log, not a user error.
+
+    Cached (types are immutable): a lease store decodes many requests planned on one table, each with a
+    copy of its schema.
+    """
     try:
         raw = json.loads(schema_string)
     except RecursionError as exc:

@@ -258,6 +258,7 @@ class _TableIndex:
     """One table's requests: by value of each partition column, and the open ones (any partition)."""
 
     def __init__(self) -> None:
+        self.pending: list[Candidate] = []   # added, not filed yet: a reach is worked out only when asked
         self.everyone: list[Candidate] = []
         self.open: list[Candidate] = []
         self.by_value: list[dict[object, list[Candidate]]] = []   # per column: value -> requests with it
@@ -266,6 +267,9 @@ class _TableIndex:
         self.in_order = True   # ``everyone`` is in arrival order
 
     def add(self, candidate: Candidate) -> None:
+        self.pending.append(candidate)
+
+    def _file(self, candidate: Candidate) -> None:
         if self.everyone and self.everyone[-1].seq > candidate.seq:
             self.in_order = False
         self.everyone.append(candidate)
@@ -286,6 +290,9 @@ class _TableIndex:
                 self.by_value[i].setdefault(value, []).append(candidate)
 
     def near(self, request: Candidate) -> Iterator[Candidate]:
+        for candidate in self.pending:   # filed when first asked: if every waiter waits for a held lease, never
+            self._file(candidate)
+        self.pending.clear()
         columns = _columns(request)
         kind = None if request.reach is None else (request.model, request.reach.layout)
         if columns is None or self.kinds - {kind}:   # open, or another model or partitioning on the table

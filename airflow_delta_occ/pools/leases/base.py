@@ -46,6 +46,8 @@ from ..arbiter import Candidate, Decision, Remembered, decide, explain
 from ..compare import PairJudge
 from ..requests import AuditEvent, AuditKind, Blocker, LeaseRecord, LeaseRequest, LeaseState, LeaseStatus
 
+PREWARM_ROWS = 64   # a release in a pool this big judges what it will need before it takes the lock
+
 
 @dataclass(frozen=True)
 class Row:
@@ -108,6 +110,7 @@ class LeaseStore(ABC):
     def __init__(self, *, judge: PairJudge | None = None) -> None:
         self.judge = judge or PairJudge()
         self._pool_of: dict[str, str] = {}   # this process's requests: their pool never changes
+        self._pool_sizes: dict[str, int] = {}   # live requests per pool, as this process last saw them
 
     def _pool(self, request_id: str) -> str | None:
         return self._pool_of.get(request_id) or self._locate(request_id)
@@ -174,6 +177,7 @@ class LeaseStore(ABC):
                     if replanned:
                         self._audit(txn, record, AuditKind.REPLAN, _request_detail(request))
             state, rows = self._settle(txn, request_id)
+        self._pool_sizes[request.pool] = len(rows)
         return self._explained(state, rows)
 
     def poll(self, request_id: str, owner: str) -> LeaseState:
@@ -339,7 +343,7 @@ class LeaseStore(ABC):
         pool = self._pool(request_id)
         if pool is not None:
             with self._locked(pool) as txn:
-                self._expire(txn)
+                self._pool_sizes[pool] = len(self._expire(txn))   # the holder learns how busy its pool is
                 row = self._own(txn, request_id, owner)
                 if row is not None and row.record.status is LeaseStatus.GRANTED:
                     return self._extend(txn, request_id)
@@ -359,6 +363,8 @@ class LeaseStore(ABC):
         self._pool_of.pop(request_id, None)
         if pool is None:
             return False
+        if self._pool_sizes.get(pool, 0) >= PREWARM_ROWS:
+            self._prewarm(pool, request_id)
         with self._locked(pool) as txn:
             row = self._own(txn, request_id, owner)
             if row is None:
@@ -367,8 +373,22 @@ class LeaseStore(ABC):
             held = row.record.status is LeaseStatus.GRANTED
             self._audit(txn, row.record, AuditKind.RELEASE if held else AuditKind.CANCEL,
                         f"held {txn.now - (row.record.granted_at or txn.now):.3f} s" if held else "")
-            self._settle(txn, None)
-            return True
+            _, rows = self._settle(txn, None)
+        self._pool_sizes[pool] = len(rows)
+        return True
+
+    def _prewarm(self, pool: str, leaving: str) -> None:
+        """Before a release takes a big pool's lock: decide once on an unlocked read without ``leaving``, so
+        the comparisons the release will need (each waiter of the lease with its next blocker) are judged
+        outside the lock; the decision under the lock then finds them in the judge's memo. Nothing is
+        decided here, and a failure only means they are judged under the lock."""
+        try:
+            rows, now = self._read(pool)
+        except LeaseError:
+            return
+        live = [r for r in rows if r.request_id != leaving and r.record.expires_at > now]
+        decide([_candidate(r) for r in live if r.record.status is LeaseStatus.GRANTED],
+               [_candidate(r) for r in live if r.record.status is LeaseStatus.WAITING], self.judge, now=now)
 
     def holders(self, *, pool: str | None = None, table: str | None = None) -> list[LeaseRecord]:
         return [r for r in self.records(pool=pool, table=table) if r.status is LeaseStatus.GRANTED]

@@ -343,11 +343,14 @@ class _Transaction:
         self._reserved_end = self._next_seq + 1   # the lock statement reserved one arrival number
 
     def rows(self) -> list[Row]:
+        return sorted(self._loaded().values(), key=lambda r: r.record.seq)
+
+    def _loaded(self) -> dict[str, Row]:
         if self._rows is None:
             query = sa.select(*_ROW_COLUMNS).where(leases_table.c.pool == self.pool).order_by(leases_table.c.seq)
             self._rows = {r.request_id: self.store._row(r) for r in self.conn.execute(query)}
             self._loaded_revisions = {i: row.revision for i, row in self._rows.items()}
-        return sorted(self._rows.values(), key=lambda r: r.record.seq)
+        return self._rows
 
     def next_seq(self) -> int:
         seq = self._next_seq
@@ -355,22 +358,16 @@ class _Transaction:
         return seq
 
     def insert(self, row: Row) -> None:
-        self.rows()
-        assert self._rows is not None
-        self._rows[row.request_id] = row
+        self._loaded()[row.request_id] = row
         self._inserted.add(row.request_id)
 
     def update(self, row: Row) -> None:
-        self.rows()
-        assert self._rows is not None
-        self._rows[row.request_id] = row
+        self._loaded()[row.request_id] = row
         if row.request_id not in self._inserted:
             self._changed[row.request_id] = row
 
     def delete(self, request_id: str) -> None:
-        self.rows()
-        assert self._rows is not None
-        self._rows.pop(request_id, None)
+        self._loaded().pop(request_id, None)
         self._changed.pop(request_id, None)
         if request_id in self._inserted:
             self._inserted.discard(request_id)
@@ -389,8 +386,8 @@ class _Transaction:
             self.conn.execute(leases_table.update().where(leases_table.c.request_id == row.request_id)
                               .values(**_changed_values(row), request=row.request.json_text))
         moved = [r for r in self._changed.values() if r.revision == self._loaded_revisions.get(r.request_id)]
-        for start in range(0, len(moved), _ROWS_PER_UPDATE):   # a release that grants many: one statement
-            self.conn.execute(_update_many(moved[start:start + _ROWS_PER_UPDATE]))
+        if moved:   # a release that grants many, or moves many waiters on to another blocker
+            _update_many(self.conn, moved)
         if self._deleted:
             self.conn.execute(leases_table.delete().where(leases_table.c.request_id.in_(sorted(self._deleted))))
         if self._events:
@@ -402,9 +399,6 @@ class _Transaction:
                               .values(next_seq=self._next_seq))
 
 
-_ROWS_PER_UPDATE = 500
-
-
 def _changed_values(row: Row) -> dict[str, Any]:
     """The columns a decision may change (status, times, revision, summary, the remembered blocker)."""
     record = row.record
@@ -412,18 +406,16 @@ def _changed_values(row: Row) -> dict[str, Any]:
             "revision": row.revision, "summary": record.summary, "blocker": _remembered_text(row.remembered)}
 
 
-def _update_many(rows: list[Row]) -> Any:
-    """One UPDATE for ``rows``: each column set by a CASE on the request id (one round trip, however many)."""
-    if len(rows) == 1:
-        return (leases_table.update().where(leases_table.c.request_id == rows[0].request_id)
-                .values(**_changed_values(rows[0])))
-    values = {r.request_id: _changed_values(r) for r in rows}
-    columns = next(iter(values.values())).keys()
-    return (leases_table.update().where(leases_table.c.request_id.in_(sorted(values)))
-            .values(**{name: sa.cast(sa.case({i: sa.literal(v[name], leases_table.c[name].type)   # typed: a CASE
-                                              for i, v in values.items()},                       # of NULLs is text
-                                             value=leases_table.c.request_id), leases_table.c[name].type)
-                       for name in columns}))
+_CHANGED = ("status", "granted_at", "expires_at", "revision", "summary", "blocker")
+_UPDATE_CHANGED = (leases_table.update().where(leases_table.c.request_id == sa.bindparam("changed_id"))
+                   .values({name: sa.bindparam(f"changed_{name}") for name in _CHANGED}))
+
+
+def _update_many(conn: Connection, rows: list[Row]) -> None:
+    """One UPDATE statement for ``rows``, executed for each (SQLite: in process; PostgreSQL: in pages of many
+    rows per round trip, ``executemany_mode``)."""
+    conn.execute(_UPDATE_CHANGED, [{"changed_id": r.request_id,
+                                    **{f"changed_{k}": v for k, v in _changed_values(r).items()}} for r in rows])
 
 
 def _values(row: Row) -> dict[str, Any]:
@@ -451,7 +443,8 @@ def _engine(url: str, options: dict[str, Any]) -> Engine:
         return engine
     # No pre-ping: it is one more round trip per operation; a dropped connection fails one call with
     # LeaseStoreError and is replaced (callers poll again).
-    return sa.create_engine(parsed, **{"pool_size": 2, "max_overflow": 4, "pool_recycle": 1800, **options})
+    batched = {"executemany_mode": "values_plus_batch"} if parsed.get_driver_name() == "psycopg2" else {}
+    return sa.create_engine(parsed, **{"pool_size": 2, "max_overflow": 4, "pool_recycle": 1800, **batched, **options})
 
 
 def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:

@@ -525,9 +525,9 @@ def _exact_span(v: int | Decimal, scale: int, low_index: int, high_index: int) -
 def _search_span(low_index: int, high_index: int, cast: Callable[[int], float], v: float,
                  ) -> tuple[int | None, int | None]:
     """The span for a lossy monotone cast (BIGINT or DECIMAL to DOUBLE), by bisection."""
-    key = _order_key(v)
-    low = _least(low_index, high_index, lambda i: _order_key(cast(i)) >= key)
-    above = _least(low_index, high_index, lambda i: _order_key(cast(i)) > key)
+    key = comparison_key(v)
+    low = _least(low_index, high_index, lambda i: comparison_key(cast(i)) >= key)
+    above = _least(low_index, high_index, lambda i: comparison_key(cast(i)) > key)
     high = high_index if above is None else above - 1
     return low, (high if high >= low_index else None)
 
@@ -604,11 +604,11 @@ def _midpoint(low: float, high: float) -> float:
 
 
 def _is_point(span: tuple[Any, Any]) -> bool:
-    return span[0] is not None and span[1] is not None and bool(_order_key(span[0]) == _order_key(span[1]))
+    return span[0] is not None and span[1] is not None and bool(comparison_key(span[0]) == comparison_key(span[1]))
 
 
 def _is_empty(span: tuple[Any, Any]) -> bool:
-    return span[0] is None or span[1] is None or bool(_order_key(span[0]) > _order_key(span[1]))
+    return span[0] is None or span[1] is None or bool(comparison_key(span[0]) > comparison_key(span[1]))
 
 
 def _span_condition(op: ComparisonOp, column: Column, data_type: DataType, span: tuple[Any, Any]) -> Expr:
@@ -752,8 +752,12 @@ def _or(a: bool | None, b: bool | None) -> bool | None:
     return False
 
 
-def _order_key(value: Any) -> Any:
-    # Spark orders NaN above every other double and treats NaN = NaN as true.
+def comparison_key(value: Any) -> Any:
+    """What a comparison compares of ``value``: two values are equal when their keys are (``evaluate_row``).
+
+    Spark orders NaN above every other double and treats NaN = NaN as true; integers and doubles compare
+    by value. Keys are hashable, so sets of them say which values a filter can meet.
+    """
     if isinstance(value, float):
         return (1, 0.0) if math.isnan(value) else (0, value)
     if isinstance(value, int) and not isinstance(value, bool):
@@ -762,7 +766,7 @@ def _order_key(value: Any) -> Any:
 
 
 def _compare(op: ComparisonOp, a: Any, b: Any) -> bool:
-    ka, kb = _order_key(a), _order_key(b)
+    ka, kb = comparison_key(a), comparison_key(b)
     if op in ("=", "<=>"):
         return bool(ka == kb)
     if op == "!=":
@@ -925,9 +929,9 @@ def _range_may_satisfy(op: ComparisonOp, low: Any, high: Any, literal: Any) -> b
     if _is_nan(literal):
         return True
     try:
-        k = _order_key(literal)
-        lo = _order_key(low) if low is not None else None
-        hi = _order_key(high) if high is not None else None
+        k = comparison_key(literal)
+        lo = comparison_key(low) if low is not None else None
+        hi = comparison_key(high) if high is not None else None
         if op in ("=", "<=>"):
             return (lo is None or lo <= k) and (hi is None or k <= hi)
         if op == "!=":

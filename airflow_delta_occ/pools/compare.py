@@ -28,7 +28,6 @@ partitioning (a replaced table) is always a conflict.
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -48,8 +47,7 @@ from airflow_delta_occ.engine.planner import (
     partition_scoped,
     pinned_values,
 )
-from airflow_delta_occ.engine.predicates import evaluate_partition
-from airflow_delta_occ.engine.values import format_partition_value, parse_partition_value
+from airflow_delta_occ.engine.predicates import comparison_key, evaluate_partition
 
 Partition = tuple[tuple[str, str | None], ...]
 UNKNOWN_PARTITION = "<a partition neither plan knows>"
@@ -84,9 +82,11 @@ def lease_verdict(a: PlannedJob, b: PlannedJob, model: Model) -> Verdict:
 class Reach:
     """Which partitions a leased job can read or change, column by column, for indexing jobs by partition.
 
-    ``layout`` is the table's partitioning (column names and types). ``columns`` holds, for each of its
-    columns, the typed values the job's partitions can have there (so ``'2024-01-01'`` written two ways
-    is one value), or ``None`` where the job may touch any value; ``None`` for the whole reach when the
+    ``layout`` is the table's partitioning (column names, physical names and types: a table replaced under
+    column mapping has new physical names, and a lease comparison reads one plan's values under the other's
+    names). ``columns`` holds, for each of its columns, the values the job's partitions can have there, as
+    a filter compares them (``predicates.comparison_key`` of typed values and literals, so ``'2024-01-01'``
+    written two ways is one value), or ``None`` where the job may touch any value; ``None`` for the whole reach when the
     job may touch any partition. Two jobs with the same layout are *apart* when some column has values
     on both sides, none of them NULL (a filter on a value is unknown, not false, on NULL, and a lease
     comparison keeps what is unknown), and they share none: they never conflict (``lease_verdict``, any
@@ -94,7 +94,7 @@ class Reach:
     not compare them.
     """
 
-    layout: tuple[tuple[str, str], ...]
+    layout: tuple[tuple[str, str, str], ...]   # (logical name, physical name, type) per partition column
     columns: tuple[frozenset[Any] | None, ...] | None
 
     def apart(self, other: Reach) -> bool:
@@ -118,18 +118,18 @@ def reach(job: PlannedJob, model: Model) -> Reach:
     own, so its values on such a column are among these.
     """
     schema = PartitionSchema.of(job.table.metadata)
-    layout = tuple((name, data_type.simple_string()) for name, _, data_type in schema.fields)
+    layout = tuple((name, physical, data_type.simple_string()) for name, physical, data_type in schema.fields)
     fp = job.footprint
     if not partition_scoped(fp, job.table, model) or (fp.adds_files and fp.write_partitions is None):
         return Reach(layout, None)
     own = []
     for partition in _partitions_of(fp):
         typed = schema.typed(dict(partition))
-        if typed is None or any(_unmatchable(v) for v in typed.values()):
+        if typed is None:
             return Reach(layout, None)
         own.append(typed)
     columns: list[frozenset[Any] | None] = []
-    for name, _, data_type in schema.fields:
+    for name, _, _ in schema.fields:
         pins: list[Any] = []
         if fp.read_predicate is not None:
             conjunct = None if fp.read_whole_table else next(
@@ -137,25 +137,15 @@ def reach(job: PlannedJob, model: Model) -> Reach:
             if conjunct is None or references(conjunct) != {name}:
                 columns.append(None)
                 continue
-            pins = [_typed(v, data_type) for v in pinned_values(conjunct, name) or ()]
-            if any(v is None or _unmatchable(v) for v in pins):   # NULL or a value that does not round-trip
+            pins = list(pinned_values(conjunct, name) or ())   # literals of the column's type, as compared
+            if any(v is None for v in pins):   # ``= NULL`` is never true, but a lease comparison keeps the unknown
                 columns.append(None)
                 continue
-        columns.append(frozenset([*pins, *(p[name] for p in own)]))
+        try:
+            columns.append(frozenset(comparison_key(v) for v in [*pins, *(p[name] for p in own)]))
+        except TypeError:   # a value that cannot be hashed cannot be indexed
+            columns.append(None)
     return Reach(layout, tuple(columns))
-
-
-def _typed(value: Any, data_type: Any) -> Any:
-    """A pinned literal as a partition of the log would hold it (formatted, then parsed); ``None`` if it cannot be."""
-    try:
-        return parse_partition_value(format_partition_value(value, data_type), data_type)
-    except (ValueError, ArithmeticError, TypeError):
-        return None
-
-
-def _unmatchable(value: Any) -> bool:
-    """NaN equals nothing, not even itself: a set cannot say whether two jobs share it."""
-    return isinstance(value, float) and math.isnan(value)
 
 
 def compact(fp: Footprint) -> Footprint:

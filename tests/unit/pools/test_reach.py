@@ -107,3 +107,69 @@ def test_what_may_touch_any_partition_has_no_bounded_reach(tmp_path: Path) -> No
     # pinned only inside a conjunct on two columns: left open, as the lease comparison leaves it
     assert reach_of("UPDATE", "(country = 'FR' AND date = '2024-01-01') OR (country = 'DE' AND id = 1)") == (
         None, None)
+
+
+def _log(root: Path) -> LogBuilder:
+    return LogBuilder(root)
+
+
+def test_binary_partition_values_are_compared_as_the_filter_compares_them(tmp_path: Path) -> None:
+    """Review: a pin was formatted and parsed back before it was indexed, which changes non-ASCII bytes, so a
+    DELETE of k = X'C3BF' and an INSERT into the partition holding those bytes were taken for apart."""
+    schema = copy.deepcopy(SCHEMA)
+    schema["fields"].append({"name": "k", "type": "binary", "nullable": True, "metadata": {}})
+    b = _log(tmp_path / "t")
+    b.commit(commit_info("CREATE TABLE"), protocol(), metadata(("k",), schema=schema))
+    b.commit(commit_info(), add("a.parquet", {"k": "a"}))
+    snapshot = DeltaLog.for_table(b.root).snapshot()
+    state = TableState.of(snapshot)
+    delete = PlannedJob(compact(plan_footprint(snapshot, "DELETE", "k = X'C3BF'", label="delete")), state)
+    insert = PlannedJob(compact(plan_footprint(snapshot, "INSERT", None, label="insert",
+                                               write_partitions=[{"k": b"\xff"}])), state)
+    for model in MODELS:
+        if lease_verdict(delete, insert, model).conflict:  # type: ignore[arg-type]
+            assert not reach(delete, model).apart(reach(insert, model)), model  # type: ignore[arg-type]
+
+
+def test_plans_under_different_physical_names_are_never_apart(tmp_path: Path) -> None:
+    """Review: a table replaced under column mapping keeps its logical schema with new physical names; a lease
+    comparison reads one plan's partition values under the other's names (NULL, which meets every filter)."""
+    def schema_with(prefix: str) -> dict[str, Any]:
+        schema = copy.deepcopy(SCHEMA)
+        for i, f in enumerate(schema["fields"]):
+            f["metadata"] = {"delta.columnMapping.id": i + 1,
+                             "delta.columnMapping.physicalName": f"{prefix}-{f['name']}"}
+        return schema
+    config = {"delta.columnMapping.mode": "name", "delta.columnMapping.maxColumnId": "4"}
+    b = _log(tmp_path / "t")
+    b.commit(commit_info("CREATE TABLE"), protocol(2, 5), metadata(("country",), config, schema=schema_with("old")))
+    b.commit(commit_info(), add("a.parquet", {"old-country": "DE"}), add("b.parquet", {"old-country": "FR"}))
+    b.commit(commit_info("CREATE OR REPLACE TABLE"), protocol(2, 5),
+             metadata(("country",), config, schema=schema_with("new")),
+             {"remove": {"path": "a.parquet", "deletionTimestamp": 1, "dataChange": True}},
+             {"remove": {"path": "b.parquet", "deletionTimestamp": 1, "dataChange": True}})
+    b.commit(commit_info(), add("c.parquet", {"new-country": "DE"}), add("d.parquet", {"new-country": "FR"}))
+    log = DeltaLog.for_table(b.root)
+    old, new = log.snapshot(1), log.snapshot(3)
+    de = PlannedJob(compact(plan_footprint(old, "DELETE", "country = 'DE'", label="de")), TableState.of(old))
+    fr = PlannedJob(compact(plan_footprint(new, "DELETE", "country = 'FR'", label="fr")), TableState.of(new))
+    assert lease_verdict(de, fr, "delta").conflict
+    assert not reach(de, "delta").apart(reach(fr, "delta"))
+
+
+def test_nan_partitions_are_one_value_as_spark_compares_them(tmp_path: Path) -> None:
+    schema = copy.deepcopy(SCHEMA)
+    schema["fields"].append({"name": "x", "type": "double", "nullable": True, "metadata": {}})
+    b = _log(tmp_path / "t")
+    b.commit(commit_info("CREATE TABLE"), protocol(), metadata(("x",), schema=schema))
+    b.commit(commit_info(), add("a.parquet", {"x": "NaN"}), add("b.parquet", {"x": "1.0"}))
+    snapshot = DeltaLog.for_table(b.root).snapshot()
+    state = TableState.of(snapshot)
+    nan = PlannedJob(compact(plan_footprint(snapshot, "DELETE", "x = double('NaN')", label="nan")), state)
+    into_nan = PlannedJob(compact(plan_footprint(snapshot, "INSERT", None, label="into",
+                                                 write_partitions=[{"x": float("nan")}])), state)
+    into_one = PlannedJob(compact(plan_footprint(snapshot, "INSERT", None, label="into one",
+                                                 write_partitions=[{"x": 1.0}])), state)
+    assert lease_verdict(nan, into_nan, "delta").conflict and not reach(nan, "delta").apart(reach(into_nan, "delta"))
+    assert reach(into_nan, "delta").columns == (frozenset({(1, 0.0)}),)   # NaN = NaN, as Spark has it
+    assert reach(into_nan, "delta").apart(reach(into_one, "delta"))

@@ -31,8 +31,8 @@ requests its reach meets (``compare.reach``: jobs in disjoint partitions never c
 order, and the comparisons stop at the first blocker: a request blocked by a held lease is not
 compared with the waiters before it, and one blocked by an earlier waiter is not compared with the
 waiters after that one. So a waiter names one blocker (the earliest-arrived lease it waits for, else
-the first request ahead of it), and rule 2a weighs only that lease's shadow: never more than the full
-rule would allow.
+the first request ahead of it); rule 2a, rarely weighed, still judges every lease the overtaken request
+waits for.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def decide(holders: Sequence[Candidate], waiters: Sequence[Candidate], judge: Pa
             b = _blocker(judge, request, other, granted=False)
             if b is None:
                 continue
-            if now is not None and _in_shadow(request, other, blockers[other.request_id], active, granted_now, now):
+            if now is not None and _in_shadow(request, other, active, judge, granted_now, now):
                 overtaken.append((other, b))
                 continue
             ahead = b
@@ -186,16 +186,17 @@ def _still_held(request: Candidate, active: _Index) -> tuple[Candidate, Blocker]
     return holder, Blocker(remembered.reason, holder.request_id, holder.owner, True)
 
 
-def _in_shadow(request: Candidate, other: Candidate, waits_for: Sequence[Blocker], active: _Index,
-               granted_now: set[str], now: float) -> bool:
+def _in_shadow(request: Candidate, other: Candidate, active: _Index, judge: PairJudge, granted_now: set[str],
+               now: float) -> bool:
     """Rule 2a for one earlier request ``other``: ``request`` is expected to end before ``other`` can start
-    (every estimate known), judged on the leases ``other`` waits for that arrived before it (not on
-    requests that went ahead of it)."""
+    (every estimate known), judged on every held lease ``other`` waits for that arrived before it (not on
+    requests that went ahead of it). All of them, not only the one its decision named: one whose estimate
+    is unknown makes the shadow unknown."""
     hold = request.expected_hold
     if hold is None:
         return False
-    held_by = [holder for b in waits_for if b.granted
-               and ((holder := active.get(str(b.request_id))) is None or holder.seq < other.seq)]
+    held_by = [holder for holder in active.near(other)
+               if holder.seq < other.seq and _blocker(judge, other, holder, granted=True) is not None]
     if not held_by:   # it waits only for requests that wait themselves, or for the writer limit
         return False
     ends = [_expected_end(holder, granted_now, now) for holder in held_by]

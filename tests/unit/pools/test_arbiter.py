@@ -157,3 +157,18 @@ def test_the_partition_index_changes_no_decision(tmp_path: Path, seed: int) -> N
     with_index, without = decision(True), decision(False)
     assert with_index == without
     assert any(itertools.chain(with_index.granted, with_index.blockers))
+
+
+def test_a_request_does_not_go_ahead_of_one_that_also_waits_for_a_lease_of_unknown_length(tmp_path: Path) -> None:
+    """Review: rule 2a weighed only the first lease the overtaken request waited for; one it also waits for
+    with no estimate makes its start unknown, so nobody may go ahead of it (as before the index)."""
+    snapshot = _table(tmp_path / "t", ["2024-01-01", "2024-01-02"], ("DE", "FR"))
+    known = _candidate(snapshot, 0, "UPDATE", "date = '2024-01-01' AND country = 'DE'", granted_at=0.0, hold=100.0)
+    unknown = _candidate(snapshot, 1, "UPDATE", "date = '2024-01-01' AND country = 'FR'", granted_at=0.0, hold=None)
+    both = _candidate(snapshot, 2, "UPDATE", "date = '2024-01-01'", hold=10.0)
+    short = _candidate(snapshot, 3, "INSERT", None, hold=5.0, write_partitions=[{"date": "2024-01-01",
+                                                                                 "country": "IT"}])
+    assert decide([known, unknown], [both, short], PairJudge(), now=1.0).granted == ()
+    # with both estimates known, the short insert fits in their shadow and goes ahead
+    known_too = _candidate(snapshot, 1, "UPDATE", "date = '2024-01-01' AND country = 'FR'", granted_at=0.0, hold=50.0)
+    assert decide([known, known_too], [both, short], PairJudge(), now=1.0).granted == ("r3",)

@@ -94,6 +94,7 @@ class Remembered:
     key: object
     request_id: str
     reason: str
+    waiter_key: object = None   # the waiter's own key when it was judged: a re-planned waiter forgets it
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ def decide(holders: Sequence[Candidate], waiters: Sequence[Candidate], judge: Pa
         if held is not None:
             holder, blocker = held
             blockers[request.request_id] = (blocker,)
-            remember[request.request_id] = Remembered(holder.key, holder.request_id, blocker.reason)
+            remember[request.request_id] = Remembered(holder.key, holder.request_id, blocker.reason, request.key)
             waiting.add(request)
             continue
         overtaken: list[tuple[Candidate, Blocker]] = []
@@ -156,17 +157,40 @@ def decide(holders: Sequence[Candidate], waiters: Sequence[Candidate], judge: Pa
     return Decision(tuple(granted), blockers, remember)
 
 
-def explain(request: Candidate, holders: Sequence[Candidate], ahead: Sequence[Candidate], judge: PairJudge
-            ) -> tuple[Blocker, ...]:
-    """Why a waiting ``request`` waits, in more detail than a decision keeps: every held lease of ``holders``
-    it conflicts with, then the first request of ``ahead`` (the earlier waiters, in arrival order) it
-    conflicts with. What a waiter's estimate needs (how long the leases it waits for have left, and
-    whether anybody waits before it) at the cost of one request's comparisons, not the pool's."""
-    held = [b for other in sorted(holders, key=_arrival) if other.table == request.table and _meets(request, other)
-            and (b := _blocker(judge, request, other, granted=True)) is not None]
-    first = next((b for other in ahead if other.table == request.table and _meets(request, other)
-                  and (b := _blocker(judge, request, other, granted=False)) is not None), None)
-    return (*held, *(() if first is None else (first,)))
+EXPLAIN_AHEAD_LIMIT = 100   # earlier waiters compared at most when explaining one request
+
+
+class Explainer:
+    """Why waiting requests wait, in more detail than a decision keeps, for any number of requests of one
+    read of a pool (a batched poll answers many): every held lease a request conflicts with, then the
+    first earlier request it conflicts with. What a waiter's estimate needs (how long the leases it waits
+    for have left, and whether anybody waits before it). The pool's requests are indexed once.
+
+    At most ``EXPLAIN_AHEAD_LIMIT`` earlier requests its reach meets are compared; when none of them
+    conflicts and more are left, the answer says so with a blocker naming no request, which leaves a
+    waiter's estimate unknown rather than too short.
+    """
+
+    def __init__(self, holders: Sequence[Candidate], waiters: Sequence[Candidate], judge: PairJudge) -> None:
+        self._holders = _Index(holders)
+        self._waiters = _Index(waiters)
+        self._judge = judge
+
+    def explain(self, request: Candidate) -> tuple[Blocker, ...]:
+        held = [b for other in self._holders.near(request)
+                if (b := _blocker(self._judge, request, other, granted=True)) is not None]
+        compared = 0
+        for other in self._waiters.near(request):
+            if other.seq >= request.seq:
+                break
+            b = _blocker(self._judge, request, other, granted=False)
+            if b is not None:
+                return (*held, b)
+            compared += 1
+            if compared >= EXPLAIN_AHEAD_LIMIT:
+                return (*held, Blocker(f"more than {EXPLAIN_AHEAD_LIMIT} earlier requests may conflict; "
+                                       "not all were compared"))
+        return tuple(held)
 
 
 def _meets(a: Candidate, b: Candidate) -> bool:
@@ -178,7 +202,7 @@ def _meets(a: Candidate, b: Candidate) -> bool:
 def _still_held(request: Candidate, active: _Index) -> tuple[Candidate, Blocker] | None:
     """The lease ``request`` was last found waiting for, when it is still held under the key it was judged with."""
     remembered = request.remembered
-    if remembered is None:
+    if remembered is None or remembered.waiter_key != request.key:
         return None
     holder = active.get(remembered.request_id)
     if holder is None or holder.key != remembered.key:

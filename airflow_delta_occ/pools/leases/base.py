@@ -42,9 +42,14 @@ from typing import Protocol
 
 from airflow_delta_occ.exceptions import LeaseError, LeaseLostError, LeaseOwnershipError
 
-from ..arbiter import Candidate, Decision, Remembered, decide, explain
+from ..arbiter import Candidate, Decision, Explainer, Remembered, decide
 from ..compare import PairJudge
 from ..requests import AuditEvent, AuditKind, Blocker, LeaseRecord, LeaseRequest, LeaseState, LeaseStatus
+
+
+class _Refused(Exception):
+    """A locked poll that owns nothing it polled: raised to roll its transaction back."""
+
 
 PREWARM_ROWS = 64   # a release in a pool this big judges what it will need before it takes the lock
 
@@ -226,16 +231,8 @@ class LeaseStore(ABC):
         """
         answers: dict[str, LeaseState | LeaseError] = {}
         by_pool: dict[str, list[tuple[str, str]]] = {}
-        for request_id, request in waits:
-            try:
-                pool = self._pool(request_id)
-            except LeaseError as exc:
-                answers[request_id] = exc
-                continue
-            if pool is None:
-                answers[request_id] = LeaseState(request_id, LeaseStatus.GONE, checked_at=0.0)
-            else:
-                by_pool.setdefault(pool, []).append((request_id, request.owner))
+        for request_id, request in waits:   # a request's pool is its own (no lookup per request id)
+            by_pool.setdefault(request.pool, []).append((request_id, request.owner))
         for pool, items in by_pool.items():
             try:
                 answers.update(self._poll_pool(pool, items))
@@ -261,9 +258,10 @@ class LeaseStore(ABC):
         answers: dict[str, LeaseState | LeaseOwnershipError] = {}
         pending: list[tuple[str, str]] = []
         decided: list[Decision] = []   # one decision per read at most, shared by the quiet answers
+        explaining = _Explaining(rows, self.judge)
         for request_id, owner in items:
             try:
-                quiet = self._quiet_state(rows, now, request_id, owner, decided)
+                quiet = self._quiet_state(rows, now, request_id, owner, decided, explaining)
             except LeaseOwnershipError as exc:
                 answers[request_id] = exc
                 continue
@@ -274,30 +272,44 @@ class LeaseStore(ABC):
         if not pending:
             return answers
         states: dict[str, LeaseState] = {}
+        try:
+            after = self._poll_locked(pool, pending, answers, states)
+        except _Refused:   # nobody here owns what it polled: nothing is changed (invariant 6)
+            return answers
+        explaining = _Explaining(after, self.judge)
+        answers.update({request_id: explaining(state) for request_id, state in states.items()})
+        return answers
+
+    def _poll_locked(self, pool: str, pending: Sequence[tuple[str, str]],
+                     answers: dict[str, LeaseState | LeaseOwnershipError], states: dict[str, LeaseState]) -> list[Row]:
+        """The locked part of ``_poll_pool``: each owner's heartbeat, then one decision; the rows after it.
+
+        Raises:
+            _Refused: no request polled here belongs to its poller (the transaction is rolled back).
+        """
         with self._locked(pool) as txn:
             self._expire(txn)  # a waiter that polls after its TTL was abandoned, whoever noticed first
             owned: dict[str, Row | None] = {}
             for request_id, owner in pending:
                 try:
-                    row = self._own(txn, request_id, owner)
+                    owned[request_id] = self._own(txn, request_id, owner)
                 except LeaseOwnershipError as exc:
                     answers[request_id] = exc
-                    continue
+            if not owned:
+                raise _Refused
+            for row in owned.values():
                 if row is not None and row.record.status is LeaseStatus.WAITING:
                     txn.update(replace(row, record=replace(row.record, expires_at=txn.now + row.ttl)))
-                owned[request_id] = row
             decision, by_id = self._grant(txn)
             for request_id, row in owned.items():
                 state = _state_of(decision, by_id, request_id, txn.now)
                 if state.granted and _heartbeat_due(state.record, row, txn.now):
                     state = replace(state, record=self._extend(txn, request_id))
                 states[request_id] = state
-            after = txn.rows()
-        answers.update({request_id: self._explained(state, after) for request_id, state in states.items()})
-        return answers
+            return txn.rows()
 
     def _quiet_state(self, rows: Sequence[Row], now: float, request_id: str, owner: str,
-                     decided: list[Decision]) -> LeaseState | None:
+                     decided: list[Decision], explaining: _Explaining) -> LeaseState | None:
         """The answer to a poll when nothing is due, from an unlocked read; ``None`` when the lock is needed.
         ``decided`` holds the read's decision once one answer needed it."""
         mine = next((r for r in rows if r.request_id == request_id), None)
@@ -310,28 +322,18 @@ class LeaseStore(ABC):
             return LeaseState(request_id, LeaseStatus.GRANTED, now, mine.record)
         state = LeaseState(request_id, LeaseStatus.WAITING, now, mine.record)
         if _remembered_holder(mine, rows) is not None:   # it waits for a lease still held: no decision needed
-            return self._explained(state, rows)
+            return explaining(state)
         if not decided:
             decided.append(decide([_candidate(r) for r in rows if r.record.status is LeaseStatus.GRANTED],
                                   [_candidate(r) for r in rows if r.record.status is LeaseStatus.WAITING],
                                   self.judge, now=now))
         if decided[0].granted:
             return None   # a grant is due (a release that granted nothing, a limit raised): make it under the lock
-        return self._explained(replace(state, blockers=decided[0].blockers.get(request_id, ())), rows)
+        return explaining(replace(state, blockers=decided[0].blockers.get(request_id, ())))
 
     def _explained(self, state: LeaseState, rows: Sequence[Row]) -> LeaseState:
-        """``state`` of a waiting request with every held lease it waits for and the first request ahead of it
-        (``arbiter.explain``), judged on ``rows`` (the pool as the answer saw it) outside the pool's lock."""
-        if state.status is not LeaseStatus.WAITING:
-            return state
-        mine = next((r for r in rows if r.request_id == state.request_id), None)
-        if mine is None:
-            return state
-        blockers = explain(_candidate(mine), [_candidate(r) for r in rows if r.record.status is LeaseStatus.GRANTED],
-                           [_candidate(r) for r in rows if r.record.status is LeaseStatus.WAITING
-                            and r.record.seq < mine.record.seq], self.judge)
-        limit = tuple(b for b in state.blockers if b.request_id is None)   # the writer limit, as decided
-        return replace(state, blockers=(*blockers, *limit) or state.blockers)
+        """``state`` explained on ``rows`` (``_Explaining``), for one answer."""
+        return _Explaining(rows, self.judge)(state)
 
     def renew(self, request_id: str, owner: str) -> LeaseRecord:
         """Extend a held lease by its TTL (the holder's heartbeat).
@@ -481,6 +483,32 @@ def _request_detail(request: LeaseRequest) -> str:
     return request.json_text
 
 
+class _Explaining:
+    """The answers given from one read of a pool, each with every held lease it waits for and the first
+    request ahead of it (``arbiter.Explainer``; the pool is indexed once, however many answers), outside the
+    pool's lock. A writer-limit blocker the decision named is kept."""
+
+    def __init__(self, rows: Sequence[Row], judge: PairJudge) -> None:
+        self._rows, self._judge = rows, judge
+        self._explainer: Explainer | None = None
+        self._candidates: dict[str, Candidate] = {}
+
+    def __call__(self, state: LeaseState) -> LeaseState:
+        if state.status is not LeaseStatus.WAITING:
+            return state
+        if self._explainer is None:
+            self._candidates = {r.request_id: _candidate(r) for r in self._rows}
+            self._explainer = Explainer(
+                [self._candidates[r.request_id] for r in self._rows if r.record.status is LeaseStatus.GRANTED],
+                sorted((self._candidates[r.request_id] for r in self._rows if r.record.status is LeaseStatus.WAITING),
+                       key=lambda c: c.seq), self._judge)
+        mine = self._candidates.get(state.request_id)
+        if mine is None:
+            return state
+        limit = tuple(b for b in state.blockers if b.request_id is None)   # the writer limit, as decided
+        return replace(state, blockers=(*self._explainer.explain(mine), *limit) or state.blockers)
+
+
 def _state_of(decision: Decision, by_id: Mapping[str, Row], request_id: str, now: float) -> LeaseState:
     found = by_id.get(request_id)
     if found is None:
@@ -491,7 +519,7 @@ def _state_of(decision: Decision, by_id: Mapping[str, Row], request_id: str, now
 def _remembered_holder(row: Row, rows: Sequence[Row]) -> Blocker | None:
     """The held lease a waiting ``row`` was last found to conflict with, if it is still held as judged."""
     remembered = row.remembered
-    if remembered is None:
+    if remembered is None or remembered.waiter_key != row.key:
         return None
     holder = next((r for r in rows if r.request_id == remembered.request_id), None)
     if holder is None or holder.record.status is not LeaseStatus.GRANTED or holder.key != remembered.key:

@@ -288,7 +288,8 @@ def _remembered_text(remembered: Remembered | None) -> str | None:
     if remembered is None:
         return None
     return json.dumps({"key": list(remembered.key), "request_id": remembered.request_id,  # type: ignore[call-overload]
-                       "reason": remembered.reason}, separators=(",", ":"))
+                       "reason": remembered.reason, "waiter": list(remembered.waiter_key)},  # type: ignore[call-overload]
+                      separators=(",", ":"))
 
 
 def _remembered(text: str | None) -> Remembered | None:
@@ -298,9 +299,11 @@ def _remembered(text: str | None) -> Remembered | None:
     try:
         data = json.loads(text)
         request_id, revision = data["key"]
-        if not (isinstance(request_id, str) and isinstance(revision, int) and request_id == data["request_id"]):
+        waiter_id, waiter_revision = data["waiter"]
+        if not (isinstance(request_id, str) and isinstance(revision, int) and request_id == data["request_id"]
+                and isinstance(waiter_id, str) and isinstance(waiter_revision, int)):
             return None
-        return Remembered((request_id, revision), request_id, str(data["reason"]))
+        return Remembered((request_id, revision), request_id, str(data["reason"]), (waiter_id, waiter_revision))
     except (ValueError, TypeError, KeyError, RecursionError):
         return None
 

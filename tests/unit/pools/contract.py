@@ -10,6 +10,7 @@ cannot break: a request is gone after its TTL, never before its deadline on that
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 from airflow_delta_occ.engine import DeltaLog, Snapshot
 from airflow_delta_occ.engine.planner import TableState, plan_footprint
 from airflow_delta_occ.exceptions import LeaseLostError, LeaseOwnershipError
-from airflow_delta_occ.pools import compare
+from airflow_delta_occ.pools import arbiter, compare
 from airflow_delta_occ.pools.compare import PairJudge
 from airflow_delta_occ.pools.leases.base import LeaseStore
 from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
@@ -387,6 +388,22 @@ class LeaseStoreContract:
         assert all(not isinstance(a, Exception) and a.status is LeaseStatus.WAITING for a in answers.values())
         assert reads == ["sales"]
 
+    def test_polling_many_waiters_explains_each_without_comparing_it_to_every_earlier_one(
+            self, store: LeaseStore, request_for: Request, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Review: each answer of a batched poll was explained by scanning every earlier waiter (n^2/2 per poll)."""
+        store.acquire(request_for("optimize", "OPTIMIZE"))
+        day = datetime.date(2024, 3, 1)
+        waits = [(store.acquire(r).request_id, r) for r in (
+            request_for(f"w{i}", "UPDATE", f"date = '{day + datetime.timedelta(days=i)}' AND country = 'DE'")
+            for i in range(120))]
+        met: list[int] = []
+        meets = arbiter._meets
+        monkeypatch.setattr(arbiter, "_meets", lambda a, b: met.append(1) or meets(a, b))
+        answers = store.poll_many(waits)
+        assert all(not isinstance(a, Exception) and [b.owner for b in a.blockers] == ["optimize"]
+                   for a in answers.values())
+        assert len(met) <= 4 * len(waits), "about one partition lookup per answer, not one per earlier waiter"
+
     def test_polling_many_renews_every_due_waiter_in_one_transaction(
             self, clocked_store: LeaseStore, clock: Clock, request_for: Request,
             monkeypatch: pytest.MonkeyPatch) -> None:
@@ -412,6 +429,35 @@ class LeaseStoreContract:
         assert [a.granted for a in again.values() if not isinstance(a, Exception)] == [True] + [False] * 7
         assert ("holder", AuditKind.EXPIRE) in [(e.owner, e.kind) for e in store.history()]
         assert holder.granted
+
+    def test_a_poll_by_anybody_else_changes_nothing_even_when_something_is_due(
+            self, clocked_store: LeaseStore, clock: Clock, request_for: Request) -> None:
+        """Review: a stranger's poll that took the lock (an expiry was due) committed the expiry and a grant."""
+        store = clocked_store
+        store.acquire(request_for("holder", "OPTIMIZE", ttl=10.0))
+        waiter = store.acquire(request_for("waiter", "UPDATE", "country = 'DE'", ttl=60.0))
+        clock.now += 11.0     # the holder stopped its heartbeat: it expires at the next operation on the pool
+        before, history = store.revision("sales"), store.history()
+        with pytest.raises(LeaseOwnershipError):
+            store.poll(waiter.request_id, "stranger")
+        assert isinstance(store.poll_many([(waiter.request_id, dataclasses.replace(
+            request_for("waiter", "UPDATE", "country = 'DE'"), owner="stranger"))])[waiter.request_id],
+            LeaseOwnershipError)
+        assert store.revision("sales") == before and store.history() == history
+        assert [r.owner for r in store.holders()] == ["holder"]
+
+    def test_polling_many_looks_up_no_request_by_id(
+            self, store: LeaseStore, request_for: Request, reopen: Callable[[LeaseStore], LeaseStore],
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        """Review: a triggerer's store knew no request's pool, and looked each one up with a query of its own."""
+        store.acquire(request_for("optimize", "OPTIMIZE"))
+        waits = [(store.acquire(r).request_id, r) for r in
+                 (request_for(f"w{i}", "UPDATE", f"country = '{('DE', 'FR')[i % 2]}'") for i in range(10))]
+        fresh = reopen(store)
+        looked_up: list[str] = []
+        monkeypatch.setattr(fresh, "_locate", lambda request_id: looked_up.append(request_id))
+        answers = fresh.poll_many(waits)
+        assert looked_up == [] and all(not isinstance(a, Exception) and not a.granted for a in answers.values())
 
     # -- 2: writer limit --------------------------------------------------------------------------
     def test_the_writer_limit_counts_every_table_of_the_pool(self, store: LeaseStore, request_for: Request) -> None:

@@ -121,7 +121,7 @@ class StorePoller:
             while self._watches:
                 waiting = [w for w in self._watches if w.answer is not None and not w.answer.done()]
                 if waiting:
-                    await self._tick(waiting, loop.time())
+                    await self._tick(waiting, loop.time())   # never raises: each waiter gets its answer
                 self._wake.clear()
                 pending = [w.due for w in self._watches if w.answer is not None and not w.answer.done()]
                 pause = min(DEFERRED_WAKE_SECONDS, max(0.0, min(pending, default=math.inf) - loop.time()))
@@ -129,19 +129,23 @@ class StorePoller:
                     await asyncio.wait_for(self._wake.wait(), pause)
         finally:
             self.closed = True
+            for watch in self._watches:   # cancelled with the event loop: nobody is left waiting for an answer
+                if watch.answer is not None and not watch.answer.done():
+                    watch.answer.set_result(LeaseStoreError("the triggerer's lease poller stopped"))
             store, self._store = self._store, None
             if store is not None:
                 await loop.run_in_executor(self._executor, _close, store)
             self._executor.shutdown(wait=False)
 
     async def _tick(self, waiting: list[Watch], now: float) -> None:
-        """Poll the waiters that are due or whose pool moved, all at once."""
+        """Poll the waiters that are due or whose pool moved, all at once. Any failure becomes each polled
+        waiter's ``LeaseStoreError`` (its wait counts it and backs off); nothing escapes to end the loop."""
         revisions: dict[str, int] | None
         try:
             revisions = await self.call(lambda store: store.revisions({w.pool for w in waiting}))
-        except LeaseStoreError:
-            revisions = None   # counted as a change: the polls below meet the failure and report it
-        due = [w for w in waiting if now >= w.due or revisions is None or revisions.get(w.pool) != w.revision]
+        except Exception:   # unknown: only the waiters due anyway are polled (a failure must not end back-offs)
+            revisions = None
+        due = [w for w in waiting if now >= w.due or (revisions is not None and revisions.get(w.pool) != w.revision)]
         if not due:
             return
         try:
@@ -149,6 +153,9 @@ class StorePoller:
                 lambda store: store.poll_many([(w.request_id, w.request) for w in due]))
         except LeaseStoreError as exc:
             answers = {w.request_id: exc for w in due}
+        except Exception as exc:   # a defect or an OS error: reported to each waiter as a store failure
+            failure = LeaseStoreError(f"polling the lease store failed: {exc!r}")
+            answers = {w.request_id: failure for w in due}
         for w in due:
             w.revision = None if revisions is None else revisions.get(w.pool)
             answer = answers.get(w.request_id) or LeaseStoreError(f"no answer for request {w.request_id}")

@@ -27,6 +27,7 @@ from typing import Any, cast
 import pytest
 from airflow.triggers.base import TriggerEvent
 
+from airflow_delta_occ.exceptions import LeaseStoreError
 from airflow_delta_occ.pools.holding import MAX_FAILURES
 from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
 from airflow_delta_occ.pools.requests import AuditKind, LeaseRequest, LeaseState, LeaseStatus
@@ -423,3 +424,48 @@ def test_the_waiters_of_one_store_share_one_connection_pool_and_their_polls(
     assert len(opened) == 1, "one store for every waiter of the triggerer"
     assert sum(polls) >= 4 * len(requests)     # each waiter polled every 0.3 s for 1.5 s (its heartbeat) ...
     assert len(polls) <= sum(polls) / 8, polls  # ... in batches: a handful of queries, not one per waiter
+
+
+def test_a_failure_of_the_shared_poll_is_each_waiters_failure_not_a_hang(
+        store: SqlLeaseStore, request_for: Request, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review: an error other than a store error ended the shared polling loop, and every waiter on the store
+    waited for an answer that never came."""
+    holder = store.acquire(request_for("holder", "OPTIMIZE"))
+    requests = [request_for(f"w{i}", "UPDATE", f"country = '{c}'") for i, c in enumerate(("DE", "FR"))]
+    ids = [store.acquire(r).request_id for r in requests]
+    calls: list[int] = []
+    poll_many = SqlLeaseStore.poll_many
+
+    def flaky(self: SqlLeaseStore, waits: Any) -> Any:
+        calls.append(len(waits))
+        if len(calls) == 1:
+            raise RuntimeError("a defect")
+        return poll_many(self, waits)
+    monkeypatch.setattr(SqlLeaseStore, "poll_many", flaky)
+    timer = _release_later(store, holder.request_id, "holder", 1.0)
+
+    async def both() -> list[dict[str, Any]]:
+        return await asyncio.gather(*(_first_event(_trigger(r, i, poll_interval=0.1), timeout=20.0)
+                                      for r, i in zip(requests, ids, strict=True)))
+    payloads = asyncio.run(both())
+    timer.join()
+    assert [p["status"] for p in payloads] == ["granted", "granted"] and len(calls) > 1
+
+
+def test_a_store_outage_is_retried_with_backing_off(
+        store: SqlLeaseStore, request_for: Request, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Review: while the store was down every waiter was polled on every tick, ignoring its back-off, so a
+    two-second outage failed every deferred task."""
+    store.acquire(request_for("holder", "OPTIMIZE"))
+    request = request_for("waiter", "UPDATE", "country = 'DE'", ttl=30.0)
+    waiting = store.acquire(request)
+
+    def down(*_: Any, **__: Any) -> Any:
+        raise LeaseStoreError("database is down")
+    for name in ("revisions", "poll_many"):
+        monkeypatch.setattr(SqlLeaseStore, name, down)
+    with pytest.raises(TimeoutError):   # still backing off (1, 2, 4 s ...) when the test stops waiting
+        asyncio.run(_first_event(_trigger(request, waiting.request_id, poll_interval=1.0), timeout=4.0))
+    failures = re.findall(r"lease store failed \((\d+) of", "".join(capsys.readouterr()))
+    assert 1 <= len(failures) <= 3, failures

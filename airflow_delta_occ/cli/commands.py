@@ -333,7 +333,7 @@ def leases(args: argparse.Namespace) -> None:
             _fail(f"--table: {exc}", EXIT_USAGE)
     if not 0 <= args.history <= MAX_HISTORY:
         _fail(f"--history must be from 0 to {MAX_HISTORY}, got {args.history}", EXIT_USAGE)
-    store = DeltaLeaseStoreHook(args.conn_id).get_store()
+    store = DeltaLeaseStoreHook(args.conn_id, metadata_database=True).get_store()
     try:
         held = store.holders(pool=args.pool, table=table)
         waiting = store.waiters(pool=args.pool, table=table)

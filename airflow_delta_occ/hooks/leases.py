@@ -79,9 +79,14 @@ class DeltaLeaseStoreHook(BaseHook):
     conn_type = "delta_occ_leases"
     hook_name = "Delta conflict pool lease store (airflow-delta-occ)"
 
-    def __init__(self, lease_conn_id: str = default_conn_name) -> None:
+    def __init__(self, lease_conn_id: str = default_conn_name, *, metadata_database: bool = False) -> None:
+        """``metadata_database``: this process may read Airflow's metadata database (the ``airflow`` CLI):
+        a connection kept there (``airflow connections add``, the UI) is found too. A task or a trigger
+        finds it through the Task SDK (the API server) anyway; the CLI's SDK path reads only environment
+        variables and configured secrets backends."""
         super().__init__()
         self.lease_conn_id = lease_conn_id
+        self.metadata_database = metadata_database
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
@@ -97,13 +102,23 @@ class DeltaLeaseStoreHook(BaseHook):
             LeaseStoreError: the connection does not exist or names no store.
         """
         try:
-            conn = self.get_connection(self.lease_conn_id)
+            conn = self._connection()
         except AirflowNotFoundException as exc:
             raise LeaseStoreError(
                 f"conflict pools need a lease store: create the Airflow connection {self.lease_conn_id!r} of type "
                 "delta_occ_leases (PostgreSQL for several hosts, SQLite for one); see docs/pools.md") from exc
         return store_url(backend=None, host=conn.host, port=conn.port, schema=conn.schema, login=conn.login,
                          password=conn.password, extra=dict(conn.extra_dejson))
+
+    def _connection(self) -> Any:
+        try:
+            return self.get_connection(self.lease_conn_id)
+        except AirflowNotFoundException:
+            if not self.metadata_database:
+                raise
+            from airflow.models.connection import Connection  # core: every secrets backend and the database
+
+            return Connection.get_connection_from_secrets(self.lease_conn_id)
 
     def get_store(self) -> Any:
         """A ``SqlLeaseStore`` on the connection's database (tables are created on first use)."""

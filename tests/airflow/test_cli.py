@@ -213,6 +213,18 @@ def test_leases_lists_holders_waiters_and_the_audit(cli_env: dict[str, str], see
     assert "other_pool" not in text.stdout
 
 
+def test_leases_reads_a_connection_kept_in_the_metadata_database(cli_env: dict[str, str], seeded_store: str) -> None:
+    """Issue #23: the command found only connections in environment variables, not one made with
+    ``airflow connections add`` (the metadata database) as platform teams keep them."""
+    extra = json.loads(cli_env["AIRFLOW_CONN_DELTA_OCC_LEASES"])["extra"]
+    added = _run(cli_env, "connections", "add", "db_leases", "--conn-type", "delta_occ_leases",
+                 "--conn-extra", json.dumps(extra))
+    assert added.returncode == 0, added.stderr
+    out = _run(cli_env, "delta-occ", "leases", "--conn-id", "db_leases", "--pool", "sales", "--output", "json")
+    assert out.returncode == 0, out.stderr
+    assert [r["owner"] for r in _json(out.stdout)["holders"]] == ["update_de", "update_fr"]
+
+
 def test_leases_without_a_store_connection_names_it_and_exits_1(cli_env: dict[str, str]) -> None:
     out = _run(cli_env, "delta-occ", "leases", "--conn-id", "no_such_leases")
     assert out.returncode == 1

@@ -158,6 +158,7 @@ def decide(holders: Sequence[Candidate], waiters: Sequence[Candidate], judge: Pa
 
 
 EXPLAIN_AHEAD_LIMIT = 100   # earlier waiters compared at most when explaining one request
+UNCOMPARED = "(earlier requests not compared)"   # the owner a blocker names when the limit cut the comparisons
 
 
 class Explainer:
@@ -167,8 +168,8 @@ class Explainer:
     for have left, and whether anybody waits before it). The pool's requests are indexed once.
 
     At most ``EXPLAIN_AHEAD_LIMIT`` earlier requests its reach meets are compared; when none of them
-    conflicts and more are left, the answer says so with a blocker naming no request, which leaves a
-    waiter's estimate unknown rather than too short.
+    conflicts and more are left, the answer says so with a blocker naming no request (its owner is
+    ``UNCOMPARED``), which leaves a waiter's estimate unknown rather than too short.
     """
 
     def __init__(self, holders: Sequence[Candidate], waiters: Sequence[Candidate], judge: PairJudge) -> None:
@@ -183,13 +184,13 @@ class Explainer:
         for other in self._waiters.near(request):
             if other.seq >= request.seq:
                 break
+            if compared == EXPLAIN_AHEAD_LIMIT:   # one more is left: whether it conflicts is not known
+                return (*held, Blocker(f"more than {EXPLAIN_AHEAD_LIMIT} earlier requests may conflict; not all "
+                                       "were compared", owner=UNCOMPARED))
             b = _blocker(self._judge, request, other, granted=False)
             if b is not None:
                 return (*held, b)
             compared += 1
-            if compared >= EXPLAIN_AHEAD_LIMIT:
-                return (*held, Blocker(f"more than {EXPLAIN_AHEAD_LIMIT} earlier requests may conflict; "
-                                       "not all were compared"))
         return tuple(held)
 
 

@@ -57,6 +57,7 @@ class Watch:
     request_id: str
     due: float = 0.0
     revision: int | None = None   # the pool's revision read before its last poll
+    failed: bool = False          # its last poll failed: polled again only when due (its back-off)
     answer: asyncio.Future[Any] | None = field(default=None, repr=False)
 
     @property
@@ -107,6 +108,8 @@ class StorePoller:
     async def next_answer(self, watch: Watch, delay: float) -> LeaseState | LeaseError:
         """The request's next state (or the error its poll met): polled within ``delay`` seconds, sooner
         when its pool moves. The request is asked for again if it is gone (``LeaseStore.poll_many``)."""
+        if self.closed:   # stopped (the event loop is ending): an answer now, never a wait for none
+            return LeaseStoreError("the triggerer's lease poller stopped")
         loop = asyncio.get_running_loop()
         watch.due = loop.time() + max(0.0, delay)
         watch.answer = loop.create_future()
@@ -145,7 +148,8 @@ class StorePoller:
             revisions = await self.call(lambda store: store.revisions({w.pool for w in waiting}))
         except Exception:   # unknown: only the waiters due anyway are polled (a failure must not end back-offs)
             revisions = None
-        due = [w for w in waiting if now >= w.due or (revisions is not None and revisions.get(w.pool) != w.revision)]
+        due = [w for w in waiting if now >= w.due
+               or (not w.failed and revisions is not None and revisions.get(w.pool) != w.revision)]
         if not due:
             return
         try:
@@ -159,6 +163,7 @@ class StorePoller:
         for w in due:
             w.revision = None if revisions is None else revisions.get(w.pool)
             answer = answers.get(w.request_id) or LeaseStoreError(f"no answer for request {w.request_id}")
+            w.failed = isinstance(answer, LeaseStoreError)
             if w.answer is not None and not w.answer.done():
                 w.answer.set_result(answer)
 

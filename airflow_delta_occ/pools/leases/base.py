@@ -241,8 +241,8 @@ class LeaseStore(ABC):
         for request_id, request in waits:
             answer = answers.get(request_id)
             if isinstance(answer, LeaseState) and answer.status is LeaseStatus.GONE:
-                try:
-                    answers[request_id] = self.acquire(request)
+                try:   # as its own poll would (the request found in whatever pool it is in), asking again if gone
+                    answers[request_id] = self.poll_or_ask_again(request_id, request)
                 except LeaseError as exc:
                     answers[request_id] = exc
         return answers

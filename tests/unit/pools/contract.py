@@ -446,6 +446,19 @@ class LeaseStoreContract:
         assert store.revision("sales") == before and store.history() == history
         assert [r.owner for r in store.holders()] == ["holder"]
 
+    def test_polling_many_finds_a_request_its_pool_does_not_hold_as_its_own_poll_would(
+            self, store: LeaseStore, request_for: Request) -> None:
+        """Review: a request passed with another pool's name was taken for gone and asked for again there."""
+        store.acquire(request_for("holder", "OPTIMIZE"))
+        mine = request_for("w", "UPDATE", "country = 'DE'")
+        request_id = store.acquire(mine).request_id
+        elsewhere = dataclasses.replace(mine, pool="other")
+        answer = store.poll_many([(request_id, elsewhere)])[request_id]
+        assert not isinstance(answer, Exception) and answer.request_id == request_id and not answer.granted
+        stranger = dataclasses.replace(elsewhere, owner="stranger")
+        assert isinstance(store.poll_many([(request_id, stranger)])[request_id], LeaseOwnershipError)
+        assert [r.owner for r in store.records()] == ["holder", "w"]
+
     def test_polling_many_looks_up_no_request_by_id(
             self, store: LeaseStore, request_for: Request, reopen: Callable[[LeaseStore], LeaseStore],
             monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,7 +19,15 @@ import pytest
 from airflow_delta_occ.engine import DeltaLog, Snapshot
 from airflow_delta_occ.engine.planner import TableState, plan_footprint
 from airflow_delta_occ.pools import compare
-from airflow_delta_occ.pools.arbiter import Candidate, Decision, Remembered, decide
+from airflow_delta_occ.pools.arbiter import (
+    EXPLAIN_AHEAD_LIMIT,
+    UNCOMPARED,
+    Candidate,
+    Decision,
+    Explainer,
+    Remembered,
+    decide,
+)
 from airflow_delta_occ.pools.compare import PairJudge, PlannedJob, compact, reach
 
 from ..engine.logbuilder import LogBuilder, add, commit_info, metadata, protocol
@@ -172,3 +180,17 @@ def test_a_request_does_not_go_ahead_of_one_that_also_waits_for_a_lease_of_unkno
     # with both estimates known, the short insert fits in their shadow and goes ahead
     known_too = _candidate(snapshot, 1, "UPDATE", "date = '2024-01-01' AND country = 'FR'", granted_at=0.0, hold=50.0)
     assert decide([known, known_too], [both, short], PairJudge(), now=1.0).granted == ("r3",)
+
+
+@pytest.mark.parametrize("earlier", [EXPLAIN_AHEAD_LIMIT, EXPLAIN_AHEAD_LIMIT + 1])
+def test_an_explanation_says_when_it_did_not_compare_every_earlier_request(tmp_path: Path, earlier: int) -> None:
+    snapshot = _table(tmp_path / "t", ["2024-01-01"])
+    held = _candidate(snapshot, 0, "UPDATE", "date = '2024-01-01'", granted_at=0.0)
+    into = {"write_partitions": [{"date": "2024-01-01", "country": "DE"}]}
+    waiting = [_candidate(snapshot, i, "INSERT", None, **into) for i in range(1, earlier + 2)]   # blind: apart
+    blockers = Explainer([held], waiting, PairJudge()).explain(waiting[-1])
+    assert blockers[0].request_id == "r0" and blockers[0].granted
+    if earlier == EXPLAIN_AHEAD_LIMIT:   # all compared, none conflicts: nothing more to say
+        assert len(blockers) == 1
+    else:
+        assert blockers[1].request_id is None and blockers[1].owner == UNCOMPARED

@@ -452,19 +452,23 @@ def test_a_failure_of_the_shared_poll_is_each_waiters_failure_not_a_hang(
     assert [p["status"] for p in payloads] == ["granted", "granted"] and len(calls) > 1
 
 
+@pytest.mark.parametrize("revisions", ["down", "moving"])
 def test_a_store_outage_is_retried_with_backing_off(
         store: SqlLeaseStore, request_for: Request, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+        capsys: pytest.CaptureFixture[str], revisions: str) -> None:
     """Review: while the store was down every waiter was polled on every tick, ignoring its back-off, so a
-    two-second outage failed every deferred task."""
+    two-second outage failed every deferred task; likewise when only the polls failed in a busy pool (its
+    revision moving on every tick)."""
     store.acquire(request_for("holder", "OPTIMIZE"))
     request = request_for("waiter", "UPDATE", "country = 'DE'", ttl=30.0)
     waiting = store.acquire(request)
 
     def down(*_: Any, **__: Any) -> Any:
         raise LeaseStoreError("database is down")
-    for name in ("revisions", "poll_many"):
-        monkeypatch.setattr(SqlLeaseStore, name, down)
+    moves = iter(range(1, 10**6))
+    monkeypatch.setattr(SqlLeaseStore, "poll_many", down)
+    monkeypatch.setattr(SqlLeaseStore, "revisions", down if revisions == "down" else
+                        lambda self, pools: {pool: next(moves) for pool in pools})
     with pytest.raises(TimeoutError):   # still backing off (1, 2, 4 s ...) when the test stops waiting
         asyncio.run(_first_event(_trigger(request, waiting.request_id, poll_interval=1.0), timeout=4.0))
     failures = re.findall(r"lease store failed \((\d+) of", "".join(capsys.readouterr()))

@@ -220,7 +220,7 @@ def test_leases_reads_a_connection_kept_in_the_metadata_database(cli_env: dict[s
     added = _run(cli_env, "connections", "add", "db_leases", "--conn-type", "delta_occ_leases",
                  "--conn-extra", json.dumps(extra))
     assert added.returncode == 0, added.stderr
-    out = _run(cli_env, "delta-occ", "leases", "--conn-id", "db_leases", "--pool", "sales", "--output", "json")
+    out = _run(cli_env, "delta-occ", "leases", "--conn-id", "db_leases", "--table", seeded_store, "--output", "json")
     assert out.returncode == 0, out.stderr
     assert [r["owner"] for r in _json(out.stdout)["holders"]] == ["update_de", "update_fr"]
 

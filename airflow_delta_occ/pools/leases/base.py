@@ -324,9 +324,7 @@ class LeaseStore(ABC):
         if _remembered_holder(mine, rows) is not None:   # it waits for a lease still held: no decision needed
             return explaining(state)
         if not decided:
-            decided.append(decide([_candidate(r) for r in rows if r.record.status is LeaseStatus.GRANTED],
-                                  [_candidate(r) for r in rows if r.record.status is LeaseStatus.WAITING],
-                                  self.judge, now=now))
+            decided.append(_decide(rows, self.judge, now))
         if decided[0].granted:
             return None   # a grant is due (a release that granted nothing, a limit raised): make it under the lock
         return explaining(replace(state, blockers=decided[0].blockers.get(request_id, ())))
@@ -389,8 +387,7 @@ class LeaseStore(ABC):
         except LeaseError:
             return
         live = [r for r in rows if r.request_id != leaving and r.record.expires_at > now]
-        decide([_candidate(r) for r in live if r.record.status is LeaseStatus.GRANTED],
-               [_candidate(r) for r in live if r.record.status is LeaseStatus.WAITING], self.judge, now=now)
+        _decide(live, self.judge, now)
 
     def holders(self, *, pool: str | None = None, table: str | None = None) -> list[LeaseRecord]:
         return [r for r in self.records(pool=pool, table=table) if r.status is LeaseStatus.GRANTED]
@@ -442,9 +439,7 @@ class LeaseStore(ABC):
     def _grant(self, txn: PoolTransaction) -> tuple[Decision, dict[str, Row]]:
         """Expire, then grant what the rule allows (remembering each waiter's held blocker); the live rows after."""
         live = self._expire(txn)
-        holders = [_candidate(r) for r in live if r.record.status is LeaseStatus.GRANTED]
-        waiters = [_candidate(r) for r in live if r.record.status is LeaseStatus.WAITING]
-        decision = decide(holders, waiters, self.judge, now=txn.now)
+        decision = _decide(live, self.judge, txn.now)
         by_id = {r.request_id: r for r in live}
         for waiter_id, remembered in decision.remember.items():
             row = by_id[waiter_id]
@@ -525,6 +520,12 @@ def _remembered_holder(row: Row, rows: Sequence[Row]) -> Blocker | None:
     if holder is None or holder.record.status is not LeaseStatus.GRANTED or holder.key != remembered.key:
         return None
     return Blocker(remembered.reason, holder.request_id, holder.record.owner, True)
+
+
+def _decide(rows: Sequence[Row], judge: PairJudge, now: float) -> Decision:
+    """``arbiter.decide`` on a pool's live rows (in arrival order): its holders, then its waiters."""
+    return decide([_candidate(r) for r in rows if r.record.status is LeaseStatus.GRANTED],
+                  [_candidate(r) for r in rows if r.record.status is LeaseStatus.WAITING], judge, now=now)
 
 
 def _candidate(row: Row) -> Candidate:

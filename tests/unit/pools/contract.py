@@ -52,6 +52,18 @@ def request_for(table: Snapshot) -> Request:
     return make
 
 
+def record_calls(monkeypatch: pytest.MonkeyPatch, target: object, name: str) -> list[tuple[Any, ...]]:
+    """The arguments of every call of ``target.name`` from now on (the calls still run): what a cost test counts."""
+    calls: list[tuple[Any, ...]] = []
+    original = getattr(target, name)
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        return original(*args, **kwargs)
+    monkeypatch.setattr(target, name, recorded)
+    return calls
+
+
 class Clock:
     """A store clock that tests move by hand (epoch seconds)."""
 
@@ -282,20 +294,13 @@ class LeaseStoreContract:
             store.close()
 
     @pytest.fixture
-    def judged(self, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    def judged(self, monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
         """Every pair the judges of this process compare (a memo hit is not a comparison)."""
-        pairs: list[tuple[str, str]] = []
-        verdict = compare.lease_verdict
-
-        def counted(a: compare.PlannedJob, b: compare.PlannedJob, model: Any) -> compare.Verdict:
-            pairs.append((a.footprint.label, b.footprint.label))
-            return verdict(a, b, model)
-        monkeypatch.setattr(compare, "lease_verdict", counted)
-        return pairs
+        return record_calls(monkeypatch, compare, "lease_verdict")
 
     def test_a_fresh_process_does_not_judge_again_the_waiters_of_a_held_lease(
             self, store: LeaseStore, request_for: Request, reopen: Callable[[LeaseStore], LeaseStore],
-            judged: list[tuple[str, str]]) -> None:
+            judged: list[tuple[Any, ...]]) -> None:
         """Issue #23: every waiter was compared with every earlier one, and a store opened in a new task
         process paid all of those comparisons inside the pool's lock."""
         optimize = store.acquire(request_for("optimize", "OPTIMIZE"))
@@ -377,16 +382,10 @@ class LeaseStoreContract:
         store.acquire(request_for("optimize", "OPTIMIZE"))
         waiting = [request_for(f"w{i}", "UPDATE", f"country = '{('DE', 'FR', 'IT')[i % 3]}'") for i in range(30)]
         waits = [(store.acquire(r).request_id, r) for r in waiting]
-        reads: list[str] = []
-        read = store._read
-
-        def counted(pool: str) -> Any:
-            reads.append(pool)
-            return read(pool)
-        monkeypatch.setattr(store, "_read", counted)
+        reads = record_calls(monkeypatch, store, "_read")
         answers = store.poll_many(waits)
         assert all(not isinstance(a, Exception) and a.status is LeaseStatus.WAITING for a in answers.values())
-        assert reads == ["sales"]
+        assert reads == [("sales",)]
 
     def test_polling_many_waiters_explains_each_without_comparing_it_to_every_earlier_one(
             self, store: LeaseStore, request_for: Request, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -396,9 +395,7 @@ class LeaseStoreContract:
         waits = [(store.acquire(r).request_id, r) for r in (
             request_for(f"w{i}", "UPDATE", f"date = '{day + datetime.timedelta(days=i)}' AND country = 'DE'")
             for i in range(120))]
-        met: list[int] = []
-        meets = arbiter._meets
-        monkeypatch.setattr(arbiter, "_meets", lambda a, b: met.append(1) or meets(a, b))
+        met = record_calls(monkeypatch, arbiter, "_meets")
         answers = store.poll_many(waits)
         assert all(not isinstance(a, Exception) and [b.owner for b in a.blockers] == ["optimize"]
                    for a in answers.values())
@@ -411,16 +408,10 @@ class LeaseStoreContract:
         holder = store.acquire(request_for("holder", "UPDATE", "country = 'DE'", ttl=ttl))
         waiting = [request_for(f"w{i}", "DELETE", f"country = 'DE' AND id = {i}", ttl=ttl) for i in range(8)]
         waits = [(store.acquire(r).request_id, r) for r in waiting]
-        locks: list[str] = []
-        locked = store._locked
-
-        def counted(pool: str) -> Any:
-            locks.append(pool)
-            return locked(pool)
-        monkeypatch.setattr(store, "_locked", counted)
+        locks = record_calls(monkeypatch, store, "_locked")
         clock.now = t0 + 0.5 * ttl   # past a third of the TTL: every waiter's heartbeat is due
         answers = store.poll_many(waits)
-        assert locks == ["sales"]
+        assert locks == [("sales",)]
         assert all(not isinstance(a, Exception) and a.record is not None and a.record.expires_at == _at(clock.now + ttl)
                    for a in answers.values())
         clock.now = t0 + 1.2 * ttl   # the holder stopped renewing and expired; the waiters live on that poll

@@ -31,6 +31,7 @@ from airflow_delta_occ.pools.arbiter import (
 from airflow_delta_occ.pools.compare import PairJudge, PlannedJob, compact, reach
 
 from ..engine.logbuilder import LogBuilder, add, commit_info, metadata, protocol
+from .contract import record_calls
 
 pytestmark = pytest.mark.unit
 
@@ -59,20 +60,14 @@ def _candidate(snapshot: Snapshot, seq: int, op: str, predicate: str | None, *, 
 
 
 @pytest.fixture
-def counted(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
-    pairs: list[tuple[str, str]] = []
-    verdict = compare.lease_verdict
-
-    def counting(a: PlannedJob, b: PlannedJob, model: Any) -> compare.Verdict:
-        pairs.append((a.footprint.label, b.footprint.label))
-        return verdict(a, b, model)
-    monkeypatch.setattr(compare, "lease_verdict", counting)
-    return pairs
+def counted(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
+    """Every pair compared (``lease_verdict`` calls; a memo hit is not one)."""
+    return record_calls(monkeypatch, compare, "lease_verdict")
 
 
 @pytest.mark.parametrize("n", [50, 200])
 def test_waiters_behind_a_whole_table_lease_cost_one_comparison_each(tmp_path: Path, n: int,
-                                                                     counted: list[tuple[str, str]]) -> None:
+                                                                     counted: list[tuple[Any, ...]]) -> None:
     dates = _dates(n)
     snapshot = _table(tmp_path / "t", dates)
     optimize = _candidate(snapshot, 0, "OPTIMIZE", None, granted_at=0.0)
@@ -85,7 +80,7 @@ def test_waiters_behind_a_whole_table_lease_cost_one_comparison_each(tmp_path: P
     assert len(released.granted) == n and counted == [], "partition-disjoint requests are never compared"
 
 
-def test_a_remembered_blocker_still_held_costs_no_comparison(tmp_path: Path, counted: list[tuple[str, str]]) -> None:
+def test_a_remembered_blocker_still_held_costs_no_comparison(tmp_path: Path, counted: list[tuple[Any, ...]]) -> None:
     dates = _dates(30)
     snapshot = _table(tmp_path / "t", dates)
     optimize = _candidate(snapshot, 0, "OPTIMIZE", None, granted_at=0.0)
@@ -102,7 +97,7 @@ def test_a_remembered_blocker_still_held_costs_no_comparison(tmp_path: Path, cou
 
 
 def test_a_chain_on_one_partition_costs_one_comparison_per_waiter_when_the_holder_leaves(
-        tmp_path: Path, counted: list[tuple[str, str]]) -> None:
+        tmp_path: Path, counted: list[tuple[Any, ...]]) -> None:
     snapshot = _table(tmp_path / "t", ["2024-01-01"], countries=())
     waiters = [_candidate(snapshot, i, "UPDATE", "id > 3") for i in range(1, 101)]
     decision = decide([], waiters, PairJudge())

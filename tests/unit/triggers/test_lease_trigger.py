@@ -35,7 +35,7 @@ from airflow_delta_occ.triggers import lease as lease_trigger
 from airflow_delta_occ.triggers.lease import DeltaLeaseTrigger
 
 from ..pools import contract
-from ..pools.contract import Request
+from ..pools.contract import Request, record_calls
 
 table = contract.table               # fixtures: a hand-written Delta log and requests planned on it
 request_for = contract.request_for
@@ -83,6 +83,14 @@ async def _first_event(trigger: DeltaLeaseTrigger, timeout: float = 10.0) -> dic
     payload: dict[str, Any] = event.payload
     json.dumps(payload)  # Airflow stores the event: it must be plain JSON
     return payload
+
+
+def _first_events(requests: list[LeaseRequest], ids: list[str], *, poll_interval: float) -> list[dict[str, Any]]:
+    """The first event of one trigger per request, all run at once on one event loop (as in a triggerer)."""
+    async def together() -> list[dict[str, Any]]:
+        return await asyncio.gather(*(_first_event(_trigger(r, i, poll_interval=poll_interval), timeout=20.0)
+                                      for r, i in zip(requests, ids, strict=True)))
+    return asyncio.run(together())
 
 
 def _release_later(store: SqlLeaseStore, request_id: str, owner: str, delay: float) -> threading.Timer:
@@ -302,13 +310,7 @@ def test_a_lease_granted_while_the_trigger_settles_keeps_its_heartbeat(
     request = request_for("waiter", "UPDATE", "country = 'DE'", ttl=0.9)
     waiting = store.acquire(request)
     store.release(holder.request_id, "holder")   # granted at once: 0.3 s polls, 2 s of settling
-    polls: list[int] = []
-    poll_many = SqlLeaseStore.poll_many
-
-    def counted(self: SqlLeaseStore, waits: Any) -> Any:
-        polls.append(len(waits))
-        return poll_many(self, waits)
-    monkeypatch.setattr(SqlLeaseStore, "poll_many", counted)
+    polls = record_calls(monkeypatch, SqlLeaseStore, "poll_many")
     started = time.monotonic()
     payload = asyncio.run(_first_event(_trigger(request, waiting.request_id, poll_interval=0.3, settle=2.0)))
     assert payload["status"] == "granted" and time.monotonic() - started >= 2.0
@@ -400,26 +402,12 @@ def test_the_waiters_of_one_store_share_one_connection_pool_and_their_polls(
     requests = [request_for(f"w{i}", "UPDATE", f"date = '2024-02-{i + 1:02d}' AND country = 'DE'")
                 for i in range(24)]
     ids = [store.acquire(r).request_id for r in requests]
-    opened: list[str] = []
-    polls: list[int] = []
-    init, poll_many = SqlLeaseStore.__init__, SqlLeaseStore.poll_many
-
-    def counted_init(self: SqlLeaseStore, url: str, **kwargs: Any) -> None:
-        opened.append(url)
-        init(self, url, **kwargs)
-
-    def counted_polls(self: SqlLeaseStore, waits: Any) -> Any:
-        polls.append(len(waits))
-        return poll_many(self, waits)
-    monkeypatch.setattr(SqlLeaseStore, "__init__", counted_init)
-    monkeypatch.setattr(SqlLeaseStore, "poll_many", counted_polls)
+    opened = record_calls(monkeypatch, SqlLeaseStore, "__init__")
+    calls = record_calls(monkeypatch, SqlLeaseStore, "poll_many")
     timer = _release_later(store, holder.request_id, "holder", 1.5)
-
-    async def all_of_them() -> list[dict[str, Any]]:
-        return await asyncio.gather(*(_first_event(_trigger(r, i, poll_interval=0.3), timeout=20.0)
-                                      for r, i in zip(requests, ids, strict=True)))
-    payloads = asyncio.run(all_of_them())
+    payloads = _first_events(requests, ids, poll_interval=0.3)
     timer.join()
+    polls = [len(waits) for _, waits in calls]
     assert [p["status"] for p in payloads] == ["granted"] * len(requests)
     assert len(opened) == 1, "one store for every waiter of the triggerer"
     assert sum(polls) >= 4 * len(requests)     # each waiter polled every 0.3 s for 1.5 s (its heartbeat) ...
@@ -443,11 +431,7 @@ def test_a_failure_of_the_shared_poll_is_each_waiters_failure_not_a_hang(
         return poll_many(self, waits)
     monkeypatch.setattr(SqlLeaseStore, "poll_many", flaky)
     timer = _release_later(store, holder.request_id, "holder", 1.0)
-
-    async def both() -> list[dict[str, Any]]:
-        return await asyncio.gather(*(_first_event(_trigger(r, i, poll_interval=0.1), timeout=20.0)
-                                      for r, i in zip(requests, ids, strict=True)))
-    payloads = asyncio.run(both())
+    payloads = _first_events(requests, ids, poll_interval=0.1)
     timer.join()
     assert [p["status"] for p in payloads] == ["granted", "granted"] and len(calls) > 1
 

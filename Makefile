@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-unit test-spark test-airflow test-postgres test-s3 lint typecheck bench bench-headline bench-overhead demo clean
+.PHONY: setup test test-unit test-spark test-airflow test-postgres test-s3 lint typecheck bench bench-headline bench-overhead bench-scale demo clean
 
 setup: $(STAMP)
 
@@ -54,6 +54,11 @@ bench-headline: setup
 
 bench-overhead: setup
 	$(PY) benchmarks/overhead.py $(OVERHEAD_ARGS)
+
+## Thousand-task backfills and faults on a Celery deployment (2 schedulers, 2 triggerers, 2 workers); long.
+## Needs redis-server and PostgreSQL's server binaries (see .ci/run). SCALE_ARGS="--days 200 --writers 100" for less.
+bench-scale: setup
+	$(PY) benchmarks/scale.py $(SCALE_ARGS)
 
 demo: setup
 	$(PY) -m airflow_delta_occ.demo --dags-folder dags_examples

@@ -107,8 +107,10 @@ class PostgresServer:
     ``delta_occ_test``; ``create_database(name)`` makes another empty one and returns its URL.
     """
 
-    def __init__(self, *, start_attempts: int = 3, start_timeout: int = 60) -> None:
+    def __init__(self, *, start_attempts: int = 3, start_timeout: int = 60,
+                 settings: dict[str, str] | None = None) -> None:
         self.bindir = find_pg_bin()
+        self.settings = dict(settings or {})   # more ``-c name=value`` server settings
         self.port = 0
         self.url = ""
         self.base: Path | None = None
@@ -178,6 +180,24 @@ class PostgresServer:
         finally:
             shutil.rmtree(base, ignore_errors=True)
 
+    @property
+    def postmaster_pid(self) -> int:
+        """The server's main process (``postmaster.pid``'s first line); its children are the backends."""
+        return int((self.data_dir / "postmaster.pid").read_text().split()[0])
+
+    def crash(self) -> None:
+        """Stop the server the way a crash does (``pg_ctl -m immediate``): connections drop, nothing is
+        flushed; ``restart()`` brings it back on the same port with the same data."""
+        self._run([self._tool("pg_ctl"), "-D", str(self.data_dir), "-m", "immediate", "-w", "stop"])
+        self._running = False
+
+    def restart(self) -> None:
+        """Start a crashed (or stopped) server again on its port; it recovers from its write-ahead log."""
+        opts = shlex.join(["-p", str(self.port), *self._options()])
+        self._run([self._tool("pg_ctl"), "-D", str(self.data_dir), "-l", str(self.log_file), "-w",
+                   "-t", str(self._start_timeout), "-o", opts, "start"])
+        self._running = True
+
     def __enter__(self) -> PostgresServer:
         return self.start()
 
@@ -208,8 +228,8 @@ class PostgresServer:
 
     # -- internals -----------------------------------------------------------------------------------------
 
-    def _start_on_free_port(self) -> None:
-        options = [
+    def _options(self) -> list[str]:
+        return [
             "-k", str(self.socket_dir),
             "-c", "listen_addresses=127.0.0.1",
             "-c", "fsync=off",
@@ -217,7 +237,11 @@ class PostgresServer:
             "-c", "full_page_writes=off",
             "-c", "max_connections=200",
             "-c", "shared_buffers=32MB",
+            *(arg for name, value in self.settings.items() for arg in ("-c", f"{name}={value}")),
         ]
+
+    def _start_on_free_port(self) -> None:
+        options = self._options()
         last_error: PostgresCommandError | None = None
         for _ in range(self._start_attempts):
             # Another process may take the port between free_port() and the bind: retry on a fresh one.

@@ -6,14 +6,20 @@ the lease store's audit), read back as typed facts.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from airflow_delta_occ.engine import DeltaLog
+from airflow_delta_occ.exceptions import LeaseStoreError
+from airflow_delta_occ.pools.leases.base import LeaseStore
 from airflow_delta_occ.pools.requests import AuditEvent, AuditKind
+
+from ..deployment import CeleryDeployment
 
 HERE = Path(__file__).resolve().parent
 DAGS = HERE / "celery_dags"
@@ -145,3 +151,161 @@ def owner_key(owner: str) -> tuple[str, int]:
     """(dag_id, map_index) of a lease owner ``dag/task/run/map/try``."""
     dag_id, _task, _run, map_index, _try = owner.split("/")
     return dag_id, int(map_index)
+
+
+# -- one run of the backfills, with a fault ----------------------------------------------------------
+#: A fault: called in a thread once both runs are triggered, with the deployment, the lease store, the
+#: scenario's root and a dict to record what it did in.
+Fault = Callable[[CeleryDeployment, LeaseStore, Path, dict[str, Any]], None]
+
+
+@dataclass
+class Outcome:
+    """What one run of the backfills left: run states, task instances, XComs by (task, map index), the
+    pool's audit, what the fault recorded, and each run's start and end on the metadata database's clock."""
+
+    states: dict[str, str]
+    tis: dict[str, list[dict[str, Any]]]
+    xcoms: dict[str, dict[tuple[str, int], Any]]
+    events: list[AuditEvent]
+    fault: dict[str, Any] = field(default_factory=dict)
+    spans: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+
+def run_backfills(deployment: CeleryDeployment, store: LeaseStore, root: Path, run_id: str, *,
+                  dag_ids: tuple[str, ...] = (DATED, FLAT), fault: Fault | None = None,
+                  timeout: float = 900.0) -> Outcome:
+    """Trigger ``dag_ids`` at once, run ``fault`` beside them, wait until every run has ended."""
+    log: dict[str, Any] = {}
+    thread = threading.Thread(target=fault, args=(deployment, store, root, log), daemon=True) if fault else None
+    if thread:
+        thread.start()
+    for dag_id in dag_ids:
+        deployment.trigger(dag_id, run_id)
+    states = {dag_id: deployment.wait_for_run(dag_id, run_id, timeout=timeout) for dag_id in dag_ids}
+    if thread:
+        thread.join(60)
+    spans = {}
+    for dag_id in dag_ids:
+        [row] = deployment.query("SELECT extract(epoch FROM start_date) AS s, extract(epoch FROM end_date) AS e "
+                                 "FROM dag_run WHERE dag_id = %s AND run_id = %s", dag_id, run_id)
+        spans[dag_id] = (float(row["s"]), float(row["e"]))
+    try:
+        events = store.history(pool=POOL, limit=1_000_000)
+    except LeaseStoreError:   # a pooled connection from before a server restart fails once
+        events = store.history(pool=POOL, limit=1_000_000)
+    return Outcome(states, {d: deployment.task_instances(d, run_id) for d in dag_ids},
+                   {d: deployment.xcoms(d, run_id) for d in dag_ids}, events, log, spans)
+
+
+def problems(outcome: Outcome, root: Path, *, days: int, writers: int) -> list[str]:
+    """Every way the run broke the promise, as sentences (none: every task done once, no Delta conflict,
+    exact tables, no two conflicting leases at once)."""
+    found = [f"{d} ended {s}" for d, s in outcome.states.items() if s != "success"]
+    for dag_id, xcoms in outcome.xcoms.items():
+        expected = days if dag_id == DATED else writers
+        if len(xcoms) != expected:
+            found.append(f"{dag_id}: {len(xcoms)} results for {expected} tasks")
+        found += [f"{dag_id} {key}: {r}" for key, r in xcoms.items()
+                  if r is None or r.get("status") != "success" or r.get("conflicts")]
+    if DATED in outcome.states:
+        commits = commits_by_writer(str(root / "dated"))
+        if commits != {(DATED, i): 1 for i in range(days)}:
+            found.append(f"dated commits per writer: {sorted(commits.items())[:10]} ... ({len(commits)} writers)")
+        rows = {r["id"]: (str(r["day"]), r["v"]) for r in table_rows(str(root / "dated"))}
+        if rows != expected_dated(days):
+            found.append(f"dated table: {len(rows)} rows, not the {3 * days} written")
+    if FLAT in outcome.states:
+        commits = commits_by_writer(str(root / "flat"))
+        if commits != {(FLAT, j): 1 for j in range(writers)}:
+            found.append(f"flat commits per writer: {sorted(commits.items())}")
+        flat_rows = table_rows(str(root / "flat"))
+        if len(flat_rows) != writers or {r["id"]: r["v"] for r in flat_rows} != expected_flat(writers):
+            found.append(f"flat table: {sorted((r['id'], r['v']) for r in flat_rows)}")
+        spans = [s for s in lease_spans(outcome.events) if s.table.endswith("/flat")]
+        found += [f"conflicting leases at once: {a} and {b}" for a, b in overlapping(spans)]
+    return found
+
+
+def flat_waiters(store: LeaseStore) -> int:
+    """How many requests wait in the pool for the flat table."""
+    return sum(1 for r in store.waiters(pool=POOL) if r.table.endswith("/flat"))
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 600.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def kill_the_held_writer(deployment: CeleryDeployment, store: LeaseStore, root: Path, log: dict[str, Any]) -> None:
+    """Once the held MERGE's commit waits at the gate with another MERGE waiting behind its lease, SIGKILL
+    the worker running it with its task processes (a host lost), start that host's worker again, and let
+    the dead task's commit go on (its Spark job lives on in the Connect server)."""
+    gate = root / "gate"
+    if not wait_until(lambda: (gate / "held.reached").exists() and flat_waiters(store) > 0):
+        return
+    host = deployment.host_running(int((gate / "held.pid").read_text()))
+    log["waiting_at_kill"] = flat_waiters(store)
+    deployment.kill(host.name, "worker")
+    log.update(killed=time.time(), host=host.name)
+    deployment.spawn(host, "worker")
+    (gate / "held.release").touch()
+
+
+def triggers_by_triggerer(deployment: CeleryDeployment) -> dict[int | None, int]:
+    rows = deployment.query("SELECT triggerer_id, count(*) AS n FROM trigger GROUP BY triggerer_id")
+    return {r["triggerer_id"]: int(r["n"]) for r in rows}
+
+
+def kill_a_triggerer(deployment: CeleryDeployment, store: LeaseStore, root: Path, log: dict[str, Any]) -> None:
+    """Once both triggerers run deferred waiters, SIGKILL host a's triggerer (with its trigger runner) and
+    record how long until every trigger belongs to a triggerer that is alive (the other one)."""
+    def both_busy() -> bool:
+        counts = triggers_by_triggerer(deployment)
+        return len([t for t, n in counts.items() if t is not None and n > 0]) >= 2
+    if not wait_until(both_busy):
+        return
+    before = triggers_by_triggerer(deployment)
+    alive_before = {r["id"] for r in deployment.query(
+        "SELECT id FROM job WHERE job_type = 'TriggererJob' AND state = 'running'")}
+    deployment.kill("a", "triggerer")
+    killed = time.time()
+    log.update(killed=killed, triggers_before=before, waiting_at_kill=flat_waiters(store))
+    # The dead triggerer's job stops heartbeating; the survivor takes its triggers once the health check
+    # threshold has passed. Which one died: the job whose heartbeat stops.
+    def taken_over() -> bool:
+        live = {r["id"] for r in deployment.query(
+            "SELECT id FROM job WHERE job_type = 'TriggererJob' AND state = 'running' "
+            "AND latest_heartbeat > now() - interval '15 seconds'")}
+        held = {t for t, n in triggers_by_triggerer(deployment).items() if n}
+        return bool(alive_before - live) and held <= live
+    if wait_until(taken_over, timeout=300):
+        log["taken_over_after"] = round(time.time() - killed, 1)
+        log["triggers_after"] = triggers_by_triggerer(deployment)
+
+
+def kill_a_scheduler(deployment: CeleryDeployment, store: LeaseStore, root: Path, log: dict[str, Any]) -> None:
+    """Once MERGEs wait in the pool, SIGKILL host a's scheduler; the other one carries on alone."""
+    if not wait_until(lambda: flat_waiters(store) > 0):
+        return
+    deployment.kill("a", "scheduler")
+    log.update(killed=time.time(), waiting_at_kill=flat_waiters(store))
+
+
+def restart_postgres(server: Any, *, down_seconds: float = 5.0) -> Fault:
+    """A fault that stops the lease store's PostgreSQL server abruptly (``immediate``: a crash) once MERGEs
+    wait in the pool, keeps it down ``down_seconds``, and starts it again on the same port."""
+    def fault(deployment: CeleryDeployment, store: LeaseStore, root: Path, log: dict[str, Any]) -> None:
+        if not wait_until(lambda: flat_waiters(store) > 0):
+            return
+        log["waiting_at_kill"] = flat_waiters(store)
+        server.crash()
+        log["stopped"] = time.time()
+        time.sleep(down_seconds)
+        server.restart()
+        log["started"] = time.time()
+    return fault

@@ -1,0 +1,330 @@
+"""Conflict pools at platform scale: thousand-task backfills and faults on a Celery deployment.
+
+The deployment (``tests/deployment.py``): the CeleryExecutor with a Redis broker, Airflow's metadata on
+one PostgreSQL server, two hosts each with a scheduler, a triggerer and a Celery worker, one DAG
+processor and API server, every Delta job on one Spark Connect server, and the lease store on a
+PostgreSQL server of its own (so its CPU and queries are the pool's alone; ``pg_stat_statements`` counts
+the queries). The DAGs: ``tests/airflow/celery_dags/delta_occ_scale.py``.
+
+1. **dated**: DAYS date-partition overwrites through the pool (no two conflict). Reported: makespan,
+   tasks per minute, and the makespan the workers' slots allow for the same task durations
+   (sum of task durations / slots).
+2. **flat**: WRITERS MERGEs of one unpartitioned table through the pool (every pair conflicts: one runs,
+   the rest wait, deferred). Reported: makespan against the serial bound (the writers' Spark seconds end
+   to end: the table admits one writer at a time), the hand-over from one lease's release to the next
+   holder's job reaching Spark (p50/p99; what Airflow adds between two writers), and while at least 90%
+   of the most requests seen waiting wait: the triggerers' CPU, the lease store's server CPU and its
+   queries per second.
+3. **faults**, each in its own deployment with FAULT_DAYS and FAULT_WRITERS: a worker SIGKILLed while its
+   MERGE holds a lease and commits, a triggerer SIGKILLed while both run waiters, a scheduler SIGKILLed,
+   and the lease store's PostgreSQL crashed and restarted. Each must end with every task done once,
+   exact tables, one commit per writer, no Delta conflict, and no two conflicting leases at once.
+
+Run: ``make bench-scale`` (1,000 tasks each by default; ``SCALE_ARGS="--days 200 --writers 100"`` for a
+shorter run); figures go to docs/benchmarks.md, section "scale", exactly as measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT_DIR = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT_DIR))
+sys.path.insert(0, str(ROOT_DIR / "benchmarks"))
+
+from _report import machine, write_section  # noqa: E402
+
+from airflow_delta_occ.pools.leases.sql import SqlLeaseStore  # noqa: E402
+from airflow_delta_occ.pools.requests import AuditKind  # noqa: E402
+from airflow_delta_occ.spark.session import delta_submit_conf  # noqa: E402
+from tests.airflow import scale  # noqa: E402
+from tests.deployment import CeleryDeployment, descendants  # noqa: E402
+from tests.pg import PostgresServer  # noqa: E402
+from tests.servers import connect_server  # noqa: E402
+from tests.spark.differential.harness import gate_session_conf  # noqa: E402
+
+TICKS = 100.0   # clock ticks per second of /proc/PID/stat (os.sysconf("SC_CLK_TCK") on Linux)
+FAULTS = {"worker": scale.kill_the_held_writer, "triggerer": scale.kill_a_triggerer,
+          "scheduler": scale.kill_a_scheduler, "postgres": None}
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process and its children: its own and its reaped children's (``/proc/PID/stat``
+    utime, stime, cutime, cstime), plus the running descendants' own."""
+    def fields(p: int) -> list[int]:
+        stat = Path(f"/proc/{p}/stat").read_text()
+        return [int(x) for x in stat[stat.rindex(")") + 2:].split()[11:15]]
+
+    total = sum(fields(pid))
+    for child in descendants(pid):
+        try:
+            total += sum(fields(child)[:2])
+        except (OSError, ValueError):
+            pass
+    return total / TICKS
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+@dataclass
+class Sample:
+    at: float
+    waiting: int
+    triggerer_cpu: float
+    store_cpu: float
+    queries: int
+
+
+@dataclass
+class Sampler:
+    """Every 2 s while a run goes: how many flat requests wait, both triggerers' CPU seconds, the lease
+    store server's CPU seconds and its statement count."""
+
+    deployment: CeleryDeployment
+    store: SqlLeaseStore
+    lease_server: PostgresServer
+    samples: list[Sample] = field(default_factory=list)
+    stopped: threading.Event = field(default_factory=threading.Event)
+
+    def queries(self) -> int:
+        import psycopg2
+
+        conn = psycopg2.connect(host="127.0.0.1", port=self.lease_server.port, user="delta_occ", dbname="leases")
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT coalesce(sum(calls), 0) FROM pg_stat_statements")
+                return int(cur.fetchone()[0])
+        finally:
+            conn.close()
+
+    def top_statements(self, limit: int = 6) -> list[tuple[int, str]]:
+        """The lease store's most frequent statements: (calls, text)."""
+        import psycopg2
+
+        conn = psycopg2.connect(host="127.0.0.1", port=self.lease_server.port, user="delta_occ", dbname="leases")
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT calls, left(regexp_replace(query, '\\s+', ' ', 'g'), 110) FROM "
+                            "pg_stat_statements ORDER BY calls DESC LIMIT %s", (limit,))
+                return [(int(c), str(q)) for c, q in cur.fetchall()]
+        finally:
+            conn.close()
+
+    def run(self) -> None:
+        while not self.stopped.wait(2.0):
+            try:
+                triggerers = [h.processes["triggerer"].pid for h in self.deployment.hosts
+                              if "triggerer" not in h.killed]
+                self.samples.append(Sample(time.time(), scale.flat_waiters(self.store),
+                                           sum(cpu_seconds(p) for p in triggerers),
+                                           cpu_seconds(self.lease_server.postmaster_pid), self.queries()))
+            except Exception as error:  # a sample lost is not a run lost
+                print(f"sample failed: {error}", file=sys.stderr)
+
+    def waiting_window(self) -> dict[str, float] | None:
+        """Rates over the longest stretch in which at least 90% of the most requests seen waiting wait."""
+        if len(self.samples) < 2:
+            return None
+        most = max(s.waiting for s in self.samples)
+        best: list[Sample] = []
+        current: list[Sample] = []
+        for s in self.samples:
+            current = [*current, s] if s.waiting >= 0.9 * most else []
+            if len(current) > len(best):
+                best = current
+        if len(best) < 2:
+            return None
+        first, last = best[0], best[-1]
+        seconds = last.at - first.at
+        return {"seconds": round(seconds, 1), "most_waiting": most,
+                "mean_waiting": round(statistics.mean(s.waiting for s in best), 1),
+                "triggerer_cpu_pct": round(100 * (last.triggerer_cpu - first.triggerer_cpu) / seconds, 1),
+                "store_cpu_pct": round(100 * (last.store_cpu - first.store_cpu) / seconds, 1),
+                "store_qps": round((last.queries - first.queries) / seconds, 1)}
+
+
+@contextmanager
+def deployment_for(work: Path, *, days: int, writers: int, hold: str, concurrency: int, ttl: float,
+                   heartbeat: float) -> Iterator[tuple[CeleryDeployment, SqlLeaseStore, PostgresServer, Path]]:
+    """Servers, tables, pool file and a started Celery deployment for one run of the backfills."""
+    root = work / "lake"
+    scale.write_tables(root)
+    pools = scale.pool_file(root, work / "pools.toml", ttl=ttl, heartbeat=heartbeat)
+    (work / "spark").mkdir()
+    with ExitStack() as stack:
+        metadata = stack.enter_context(PostgresServer())
+        leases = stack.enter_context(PostgresServer(settings={"shared_preload_libraries": "pg_stat_statements"}))
+        lease_url = leases.create_database("leases")
+        import psycopg2
+
+        conn = psycopg2.connect(host="127.0.0.1", port=leases.port, user="delta_occ", dbname="leases")
+        conn.autocommit = True
+        conn.cursor().execute("CREATE EXTENSION pg_stat_statements")
+        conn.close()
+        spark = stack.enter_context(connect_server(work / "spark", {
+            **delta_submit_conf(), **gate_session_conf(), "spark.hadoop.occ.armed.dir": str(root / "gate")}))
+        settings = scale.airflow_settings(root, pools, spark_url=spark["url"], lease_url=lease_url, days=days,
+                                          writers=writers, hold=hold)
+        deployment = stack.enter_context(CeleryDeployment(work / "airflow", metadata, scale.DAGS, settings=settings,
+                                                          worker_concurrency=concurrency))
+        store = stack.enter_context(SqlLeaseStore(lease_url))
+        deployment.cli("delta-occ", "pools", "sync")
+        deployment.wait_for_dags(scale.DATED, scale.FLAT, timeout=900)
+        yield deployment, store, leases, root
+
+
+def task_seconds(tis: list[dict[str, Any]]) -> float:
+    return sum((ti["end_date"] - ti["start_date"]).total_seconds() for ti in tis
+               if ti["end_date"] and ti["start_date"])
+
+
+def main_runs(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    report: dict[str, Any] = {}
+    slots = 2 * args.concurrency
+    with deployment_for(work, days=args.days, writers=args.writers, hold="", concurrency=args.concurrency,
+                        ttl=args.ttl, heartbeat=args.heartbeat) as (deployment, store, leases, root):
+        for dag_id in (scale.DATED, scale.FLAT):
+            sampler = Sampler(deployment, store, leases)
+            thread = threading.Thread(target=sampler.run, daemon=True)
+            thread.start()
+            outcome = scale.run_backfills(deployment, store, root, "bench", dag_ids=(dag_id,), timeout=args.timeout)
+            sampler.stopped.set()
+            thread.join(10)
+            broken = scale.problems(outcome, root, days=args.days if dag_id == scale.DATED else 0,
+                                    writers=args.writers if dag_id == scale.FLAT else 0)
+            start, end = outcome.spans[dag_id]
+            makespan = end - start
+            tasks = len(outcome.tis[dag_id])
+            figures: dict[str, Any] = {"tasks": tasks, "makespan_s": round(makespan, 1),
+                                       "tasks_per_min": round(60 * tasks / makespan, 1), "problems": broken}
+            spans = [s for s in scale.lease_spans(outcome.events) if s.table.endswith(
+                "/dated" if dag_id == scale.DATED else "/flat")]
+            if dag_id == scale.DATED:
+                bound = task_seconds(outcome.tis[dag_id]) / slots
+                figures.update(slot_bound_s=round(bound, 1), makespan_over_bound=round(makespan / bound, 2),
+                               most_leases_at_once=max_concurrent(spans))
+            else:
+                # The table takes one writer at a time: the bound is its writers' Spark time end to end.
+                # A hand-over: from one lease's release to the next holder's job reaching Spark.
+                results = {m: r for (_, m), r in outcome.xcoms[dag_id].items() if r}
+                serial = sum(float(r["run_seconds"]) for r in results.values())
+                gaps = [float(results[m]["run_started_at"]) - a.ended for a, b in itertools.pairwise(spans)
+                        if (m := scale.owner_key(b.owner)[1]) in results and results[m].get("run_started_at")]
+                figures.update(serial_bound_s=round(serial, 1), makespan_over_bound=round(makespan / serial, 2),
+                               handover_p50_s=round(percentile(gaps, 0.5), 2),
+                               handover_p99_s=round(percentile(gaps, 0.99), 2),
+                               waiting=sampler.waiting_window(), top_statements=sampler.top_statements())
+            figures["expired_or_abandoned"] = sum(1 for e in outcome.events if e.kind in (
+                AuditKind.EXPIRE, AuditKind.ABANDON))
+            report[dag_id] = figures
+            print(dag_id, json.dumps(figures, default=str), flush=True)
+    return report
+
+
+def max_concurrent(spans: list[scale.LeaseSpan]) -> int:
+    edges = sorted([(s.granted, 1) for s in spans] + [(s.ended, -1) for s in spans])
+    most = current = 0
+    for _, step in edges:
+        current += step
+        most = max(most, current)
+    return most
+
+
+def fault_run(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    hold = f"flat:{args.fault_writers // 3}" if name == "worker" else ""
+    with deployment_for(work, days=args.fault_days, writers=args.fault_writers, hold=hold,
+                        concurrency=args.concurrency, ttl=args.ttl, heartbeat=args.heartbeat) as (
+            deployment, store, leases, root):
+        fault = FAULTS[name] or scale.restart_postgres(leases)
+        started = time.time()
+        outcome = scale.run_backfills(deployment, store, root, "fault", fault=fault, timeout=args.timeout)
+        broken = scale.problems(outcome, root, days=args.fault_days, writers=args.fault_writers)
+        if "killed" not in outcome.fault and "stopped" not in outcome.fault:
+            broken.append("the fault never happened")
+        retried = sorted((d, ti["map_index"], ti["try_number"]) for d, tis in outcome.tis.items() for ti in tis
+                         if ti["try_number"] > 1)
+        figures = {"fault": outcome.fault, "seconds": round(time.time() - started, 1), "problems": broken,
+                   "retried": retried,
+                   "expired": sum(1 for e in outcome.events if e.kind is AuditKind.EXPIRE),
+                   "abandoned": sum(1 for e in outcome.events if e.kind is AuditKind.ABANDON)}
+        print(name, json.dumps(figures, default=str), flush=True)
+        return figures
+
+
+def render(args: argparse.Namespace, report: dict[str, Any]) -> str:
+    lines = [f"Measured {time.strftime('%Y-%m-%d')} on {machine()}; `python benchmarks/scale.py "
+             f"{' '.join(sys.argv[1:])}`. Deployment: CeleryExecutor, Redis broker, 2 hosts x (scheduler, triggerer, "
+             f"Celery worker with {args.concurrency} slots), DAG processor, API server; metadata and lease store on "
+             f"two PostgreSQL servers; one Spark Connect server (`local[2]`) for every job; pool TTL {args.ttl:g} s, "
+             f"heartbeat {args.heartbeat:g} s. Everything shares the machine's 2 cores.", ""]
+    if dated := report.get(scale.DATED):
+        lines += ["| dated backfill | tasks | makespan | tasks/min | slot bound | makespan / bound "
+                  "| most leases at once | problems |", "|---|---|---|---|---|---|---|---|",
+                  f"| {args.days} date overwrites | {dated['tasks']} | {dated['makespan_s']} s | "
+                  f"{dated['tasks_per_min']} | {dated['slot_bound_s']} s | {dated['makespan_over_bound']} | "
+                  f"{dated['most_leases_at_once']} | {len(dated['problems'])} |", ""]
+    if flat := report.get(scale.FLAT):
+        w = flat.get("waiting") or {}
+        lines += ["| unpartitioned, all conflict | tasks | makespan | tasks/min | serial bound | makespan / bound | "
+                  "hand-over p50 / p99 | problems |", "|---|---|---|---|---|---|---|---|",
+                  f"| {args.writers} MERGEs | {flat['tasks']} | {flat['makespan_s']} s | {flat['tasks_per_min']} | "
+                  f"{flat['serial_bound_s']} s | {flat['makespan_over_bound']} | {flat['handover_p50_s']} s / "
+                  f"{flat['handover_p99_s']} s | {len(flat['problems'])} |", "",
+                  f"While {w.get('mean_waiting')} requests waited on average (most {w.get('most_waiting')}; "
+                  f"{w.get('seconds')} s): both triggerers together {w.get('triggerer_cpu_pct')}% of one core; "
+                  f"the lease store's PostgreSQL {w.get('store_cpu_pct')}% of one core and {w.get('store_qps')} "
+                  "queries/s.", ""]
+    if faults := report.get("faults"):
+        lines += ["| fault | what happened | run | retried tries | leases expired | problems |",
+                  "|---|---|---|---|---|---|"]
+        for name, f in faults.items():
+            shown = {k: v for k, v in f["fault"].items() if k not in ("killed", "stopped", "started")}
+            lines.append(f"| {name} | {json.dumps(shown)} | {f['seconds']} s | {len(f['retried'])} | {f['expired']} | "
+                         f"{'; '.join(f['problems']) or 'none'} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--days", type=int, default=1000)
+    parser.add_argument("--writers", type=int, default=1000)
+    parser.add_argument("--faults", default="worker,triggerer,scheduler,postgres",
+                        help="comma-separated, or 'none'")
+    parser.add_argument("--fault-days", type=int, default=48)
+    parser.add_argument("--fault-writers", type=int, default=24)
+    parser.add_argument("--concurrency", type=int, default=4, help="slots per Celery worker")
+    parser.add_argument("--ttl", type=float, default=20.0)
+    parser.add_argument("--heartbeat", type=float, default=4.0)
+    parser.add_argument("--timeout", type=float, default=6 * 3600.0)
+    parser.add_argument("--no-main", action="store_true", help="only the fault runs")
+    parser.add_argument("--no-write", action="store_true", help="print, do not write docs/benchmarks.md")
+    args = parser.parse_args()
+    report: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench_scale_") as tmp:
+        if not args.no_main:
+            report.update(main_runs(args, Path(tmp) / "main"))
+        faults = [f for f in args.faults.split(",") if f and f != "none"]
+        report["faults"] = {name: fault_run(name, args, Path(tmp) / f"fault_{name}") for name in faults}
+    text = render(args, report)
+    print(text)
+    if not args.no_write:
+        write_section("scale", "Scale: thousand-task backfills and faults on Celery", text)
+
+
+if __name__ == "__main__":
+    main()

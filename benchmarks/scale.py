@@ -168,7 +168,9 @@ def deployment_for(work: Path, *, days: int, writers: int, hold: str, concurrenc
     (work / "spark").mkdir()
     with ExitStack() as stack:
         metadata = stack.enter_context(PostgresServer())
-        leases = stack.enter_context(PostgresServer(settings={"shared_preload_libraries": "pg_stat_statements"}))
+        # Durable commits (the test servers' default is not), as a lease store runs and so a crash keeps them.
+        leases = stack.enter_context(PostgresServer(settings={"shared_preload_libraries": "pg_stat_statements",
+                                                              "synchronous_commit": "on"}))
         lease_url = leases.create_database("leases")
         import psycopg2
 

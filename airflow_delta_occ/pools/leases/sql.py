@@ -20,11 +20,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from airflow_delta_occ.exceptions import LeaseStoreError
 
@@ -33,6 +33,8 @@ from ..compare import PairJudge
 from ..requests import AuditEvent, AuditKind, LeaseRecord, LeaseRequest, LeaseRequestError, LeaseStatus
 from .base import LeaseStore, PoolTransaction, Row, newest
 from .urls import masked_url, parse_url
+
+_T = TypeVar("_T")
 
 SCHEMA_LOCK_KEY = 0x44454C54414F4343  # "DELTAOCC": the advisory lock that serializes schema creation
 
@@ -166,28 +168,28 @@ class SqlLeaseStore(LeaseStore):
         return int(found[0]) - 1, float(found[1])
 
     def _read(self, pool: str) -> tuple[list[Row], float]:
-        with self._errors(f"read pool {pool!r}"), self._reading() as conn:
+        def read(conn: Connection) -> tuple[list[Row], float]:
             query = sa.select(*_ROW_COLUMNS, self._now().label("now")).where(
                 leases_table.c.pool == pool).order_by(leases_table.c.seq)
             result = list(conn.execute(query))
             if not result:
                 return [], float(conn.execute(sa.select(self._now())).scalar_one())
             return [self._row(r) for r in result], float(result[0].now)
+        return self._reads(f"read pool {pool!r}", read)
 
     def revision(self, pool: str) -> int:
         """The pool row's ``next_seq``: every locked operation bumps it (``_lock_pool``), so it moves on
         every change, and reading it takes no lock."""
-        with self._errors(f"read pool {pool!r}"), self._reading() as conn:
-            found = conn.execute(sa.select(pools_table.c.next_seq).where(pools_table.c.name == pool)).scalar()
+        found = self._reads(f"read pool {pool!r}", lambda conn: conn.execute(
+            sa.select(pools_table.c.next_seq).where(pools_table.c.name == pool)).scalar())
         return 0 if found is None else int(found)
 
     def revisions(self, pools: Collection[str]) -> dict[str, int]:
         """``revision`` of each pool in one query (a triggerer watching many waiters checks them all at once)."""
         if not pools:
             return {}
-        with self._errors("read pools"), self._reading() as conn:
-            found = {str(name): int(seq) for name, seq in conn.execute(
-                sa.select(pools_table.c.name, pools_table.c.next_seq).where(pools_table.c.name.in_(sorted(pools))))}
+        found = self._reads("read pools", lambda conn: {str(name): int(seq) for name, seq in conn.execute(
+            sa.select(pools_table.c.name, pools_table.c.next_seq).where(pools_table.c.name.in_(sorted(pools))))})
         return {pool: int(found.get(pool, 0)) for pool in pools}
 
     def _now(self) -> Any:
@@ -204,9 +206,8 @@ class SqlLeaseStore(LeaseStore):
                    _remembered(r.blocker))
 
     def _locate(self, request_id: str) -> str | None:
-        with self._errors("find a request"), self._reading() as conn:
-            pool = conn.execute(sa.select(leases_table.c.pool).where(leases_table.c.request_id == request_id)
-                                ).scalar_one_or_none()
+        pool = self._reads("find a request", lambda conn: conn.execute(
+            sa.select(leases_table.c.pool).where(leases_table.c.request_id == request_id)).scalar_one_or_none())
         return None if pool is None else str(pool)
 
     def records(self, *, pool: str | None = None, table: str | None = None) -> list[LeaseRecord]:
@@ -215,8 +216,7 @@ class SqlLeaseStore(LeaseStore):
             query = query.where(leases_table.c.pool == pool)
         if table is not None:
             query = query.where(leases_table.c.table_key == table)
-        with self._errors("list leases"), self._reading() as conn:
-            return [_record(r) for r in conn.execute(query)]
+        return self._reads("list leases", lambda conn: [_record(r) for r in conn.execute(query)])
 
     def history(self, *, pool: str | None = None, table: str | None = None, limit: int = 100,
                 kinds: Collection[AuditKind] | None = None) -> list[AuditEvent]:
@@ -227,13 +227,29 @@ class SqlLeaseStore(LeaseStore):
             query = query.where(audit_table.c.pool == pool)
         if table is not None:
             query = query.where(audit_table.c.table_key == table)
-        with self._errors("read the audit"), self._reading() as conn:
-            rows = list(conn.execute(query))
+        rows = self._reads("read the audit", lambda conn: list(conn.execute(query)))
         return newest([_event(r) for r in reversed(rows)], limit)
 
-    def _reading(self) -> Connection:
-        """A connection for reads that decide nothing: on SQLite a deferred transaction, not the write lock."""
-        return self.engine.connect().execution_options(delta_occ_read_only=True)
+    def _reads(self, action: str, read: Callable[[Connection], _T]) -> _T:
+        """``read`` on a connection for reads that decide nothing (on SQLite a deferred transaction, not the
+        write lock), run once more on a new connection when the server had dropped the pooled one.
+
+        After a database restart or failover every pooled connection is dead; SQLAlchemy notices on the
+        first use and discards the whole pool. A read is safe to repeat, so a triggerer's poll or the CLI
+        does not fail for a restart that is already over. Writes are not repeated: a COMMIT cut off may
+        have landed, so they fail with LeaseStoreError and the caller's next operation starts afresh.
+        """
+        for attempt in (1, 2):
+            try:
+                with self.engine.connect().execution_options(delta_occ_read_only=True) as conn:
+                    return read(conn)
+            except DBAPIError as exc:
+                if attempt == 1 and exc.connection_invalidated:
+                    continue
+                raise self._failed(action, exc) from exc
+            except SQLAlchemyError as exc:
+                raise self._failed(action, exc) from exc
+        raise AssertionError("unreachable")
 
     def prune_history(self, before: float) -> int:
         """Delete audit events older than ``before`` (epoch seconds); returns how many (run it on a schedule)."""
@@ -259,8 +275,11 @@ class SqlLeaseStore(LeaseStore):
         try:
             yield
         except SQLAlchemyError as exc:
-            raise LeaseStoreError(f"lease store ({self.dialect if hasattr(self, 'dialect') else 'sql'}) could not "
-                                  f"{action}: {exc}") from exc
+            raise self._failed(action, exc) from exc
+
+    def _failed(self, action: str, exc: SQLAlchemyError) -> LeaseStoreError:
+        return LeaseStoreError(f"lease store ({self.dialect if hasattr(self, 'dialect') else 'sql'}) could not "
+                               f"{action}: {exc}")
 
 
 _RECORD_COLUMNS = (leases_table.c.request_id, leases_table.c.pool, leases_table.c.table_key, leases_table.c.owner,

@@ -55,16 +55,22 @@ def pool_file(root: Path, path: Path, *, ttl: float, heartbeat: float) -> Path:
     return path
 
 
-def airflow_settings(root: Path, pools: Path, *, spark_url: str, lease_url: str, days: int, writers: int,
+def lease_connection(lease_url: str) -> str:
+    """The ``delta_occ_leases`` connection as JSON (an environment variable's value, or ``--conn-json``)."""
+    return json.dumps({"conn_type": "delta_occ_leases", "extra": {"url": lease_url}})
+
+
+def airflow_settings(root: Path, pools: Path, *, spark_url: str, lease_url: str | None, days: int, writers: int,
                      hold: str = "") -> dict[str, str]:
-    """Airflow environment every host gets: the pool file, the connections, the scenario's size, and
+    """Airflow environment every host gets: the pool file, the connections (the lease store's only when
+    ``lease_url`` is given; else it must be added to the metadata database), the scenario's size, and
     failure detection quick enough for a test (a dead task is noticed in 20 s, a dead scheduler or
     triggerer in 15 s)."""
     return {
         "AIRFLOW__DELTA_OCC__POOL_FILE": str(pools),
         "AIRFLOW_CONN_DELTA_OCC_DEFAULT": json.dumps({"conn_type": "delta_occ",
                                                       "extra": {"mode": "connect", "connect_url": spark_url}}),
-        "AIRFLOW_CONN_DELTA_OCC_LEASES": json.dumps({"conn_type": "delta_occ_leases", "extra": {"url": lease_url}}),
+        **({"AIRFLOW_CONN_DELTA_OCC_LEASES": lease_connection(lease_url)} if lease_url else {}),
         "AIRFLOW__CORE__PARALLELISM": "64",
         "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "1024",
         "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",

@@ -15,7 +15,8 @@ own records (Airflow's task instances and XComs, the lease store's audit, the De
 * the flat table's leases never overlapped, the killed holder's lease ended by expiry (TTL), and the
   next MERGE was granted only after it; the dated writers held leases side by side;
 * both tables are exactly what the writers wrote;
-* the lease CLI reads the same store from either host.
+* the lease store's connection is kept in the metadata database only, and the tasks, the triggerers and
+  the CLI on either host found it there.
 """
 
 from __future__ import annotations
@@ -57,12 +58,15 @@ def celery_run(tmp_path_factory: pytest.TempPathFactory,
     (work / "spark").mkdir()
     with connect_server(work / "spark", {**delta_submit_conf(), **gate_session_conf(),
                                          "spark.hadoop.occ.armed.dir": str(root / "gate")}) as spark:
-        settings = scale.airflow_settings(root, pools, spark_url=spark["url"], lease_url=lease_url, days=DAYS,
+        # The lease store's connection lives in the metadata database (added below), as on most platforms:
+        # workers, triggerers, schedulers and the CLI on either host read it from there.
+        settings = scale.airflow_settings(root, pools, spark_url=spark["url"], lease_url=None, days=DAYS,
                                           writers=WRITERS, hold=f"flat:{HELD}")
         with CeleryDeployment(work / "airflow", postgres_server, scale.DAGS, settings=settings,
                               worker_concurrency=4, database="celery_e2e_airflow") as deployment, \
                 SqlLeaseStore(lease_url) as store:
             started = time.monotonic()
+            deployment.cli("connections", "add", "delta_occ_leases", "--conn-json", scale.lease_connection(lease_url))
             deployment.cli("delta-occ", "pools", "sync", host="b")   # the CLI from any host
             deployment.wait_for_dags(scale.DATED, scale.FLAT)
             print(f"\ndeployment up in {time.monotonic() - started:.0f} s")

@@ -27,7 +27,8 @@ def server() -> Iterator[PostgresServer]:
         yield started
 
 
-def test_reads_survive_a_server_restart_and_writes_recover(server: PostgresServer, request_for: Request) -> None:
+def test_reads_survive_a_server_restart_and_writes_recover(server: PostgresServer,
+                                                           request_for: Request) -> None:  # noqa: F811
     with SqlLeaseStore(server.url) as store:
         held = store.acquire(request_for("a", "UPDATE", "country = 'DE'"))
         waiting = store.acquire(request_for("b", "UPDATE", "country = 'DE'"))

@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT_DIR / "benchmarks"))
 
 from _report import machine, write_section  # noqa: E402
 
+from airflow_delta_occ.pools.leases.base import LeaseStore  # noqa: E402
 from airflow_delta_occ.pools.leases.sql import SqlLeaseStore  # noqa: E402
 from airflow_delta_occ.pools.requests import AuditKind  # noqa: E402
 from airflow_delta_occ.spark.session import delta_submit_conf  # noqa: E402
@@ -96,43 +97,45 @@ class Sampler:
     store server's CPU seconds and its statement count."""
 
     deployment: CeleryDeployment
-    store: SqlLeaseStore
+    store: LeaseStore
     lease_server: PostgresServer
     samples: list[Sample] = field(default_factory=list)
     stopped: threading.Event = field(default_factory=threading.Event)
+    _conn: Any = None
 
-    def queries(self) -> int:
+    def _cursor(self) -> Any:
         import psycopg2
 
-        conn = psycopg2.connect(host="127.0.0.1", port=self.lease_server.port, user="delta_occ", dbname="leases")
-        try:
-            with conn.cursor() as cur:
-                cur.execute("SELECT coalesce(sum(calls), 0) FROM pg_stat_statements")
-                return int(cur.fetchone()[0])
-        finally:
-            conn.close()
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg2.connect(host="127.0.0.1", port=self.lease_server.port, user="delta_occ",
+                                          dbname="leases")
+            self._conn.autocommit = True
+        return self._conn.cursor()
+
+    def queries(self) -> int:
+        """Statements the store ran, less this sampler's own (its reads of the waiters and of this view)."""
+        with self._cursor() as cur:
+            cur.execute("SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE query NOT LIKE "
+                        "'%pg_stat_statements%'")
+            return int(cur.fetchone()[0]) - len(self.samples)
 
     def top_statements(self, limit: int = 6) -> list[tuple[int, str]]:
         """The lease store's most frequent statements: (calls, text)."""
-        import psycopg2
-
-        conn = psycopg2.connect(host="127.0.0.1", port=self.lease_server.port, user="delta_occ", dbname="leases")
-        try:
-            with conn.cursor() as cur:
-                cur.execute("SELECT calls, left(regexp_replace(query, '\\s+', ' ', 'g'), 110) FROM "
-                            "pg_stat_statements ORDER BY calls DESC LIMIT %s", (limit,))
-                return [(int(c), str(q)) for c, q in cur.fetchall()]
-        finally:
-            conn.close()
+        with self._cursor() as cur:
+            cur.execute("SELECT calls, left(regexp_replace(query, '\\s+', ' ', 'g'), 110) FROM "
+                        "pg_stat_statements ORDER BY calls DESC LIMIT %s", (limit,))
+            return [(int(c), str(q)) for c, q in cur.fetchall()]
 
     def run(self) -> None:
         while not self.stopped.wait(2.0):
             try:
                 triggerers = [h.processes["triggerer"].pid for h in self.deployment.hosts
                               if "triggerer" not in h.killed]
-                self.samples.append(Sample(time.time(), scale.flat_waiters(self.store),
-                                           sum(cpu_seconds(p) for p in triggerers),
-                                           cpu_seconds(self.lease_server.postmaster_pid), self.queries()))
+                waiting = scale.flat_waiters(self.store)
+                triggerer_cpu = sum(cpu_seconds(p) for p in triggerers)
+                store_cpu = cpu_seconds(self.lease_server.postmaster_pid)
+                queries = self.queries()
+                self.samples.append(Sample(time.time(), waiting, triggerer_cpu, store_cpu, queries))
             except Exception as error:  # a sample lost is not a run lost
                 print(f"sample failed: {error}", file=sys.stderr)
 
@@ -147,7 +150,7 @@ class Sampler:
             current = [*current, s] if s.waiting >= 0.9 * most else []
             if len(current) > len(best):
                 best = current
-        if len(best) < 2:
+        if len(best) < 5:   # under 8 s of samples says nothing
             return None
         first, last = best[0], best[-1]
         seconds = last.at - first.at
@@ -160,7 +163,8 @@ class Sampler:
 
 @contextmanager
 def deployment_for(work: Path, *, days: int, writers: int, hold: str, concurrency: int, ttl: float,
-                   heartbeat: float) -> Iterator[tuple[CeleryDeployment, SqlLeaseStore, PostgresServer, Path]]:
+                   heartbeat: float, faults: bool = False,
+                   ) -> Iterator[tuple[CeleryDeployment, LeaseStore, PostgresServer, Path]]:
     """Servers, tables, pool file and a started Celery deployment for one run of the backfills."""
     root = work / "lake"
     scale.write_tables(root)
@@ -169,7 +173,9 @@ def deployment_for(work: Path, *, days: int, writers: int, hold: str, concurrenc
     with ExitStack() as stack:
         metadata = stack.enter_context(PostgresServer())
         # Durable commits (the test servers' default is not), as a lease store runs and so a crash keeps them.
+        # pg_stat_statements without BEGIN/COMMIT/ROLLBACK: queries are what the store asks.
         leases = stack.enter_context(PostgresServer(settings={"shared_preload_libraries": "pg_stat_statements",
+                                                              "pg_stat_statements.track_utility": "off",
                                                               "synchronous_commit": "on"}))
         lease_url = leases.create_database("leases")
         import psycopg2
@@ -181,7 +187,8 @@ def deployment_for(work: Path, *, days: int, writers: int, hold: str, concurrenc
         spark = stack.enter_context(connect_server(work / "spark", {
             **delta_submit_conf(), **gate_session_conf(), "spark.hadoop.occ.armed.dir": str(root / "gate")}))
         settings = scale.airflow_settings(root, pools, spark_url=spark["url"], lease_url=lease_url, days=days,
-                                          writers=writers, hold=hold)
+                                          writers=writers, slots=concurrency, hold=hold,
+                                          quick_failure_detection=faults)
         deployment = stack.enter_context(CeleryDeployment(work / "airflow", metadata, scale.DAGS, settings=settings,
                                                           worker_concurrency=concurrency))
         store = stack.enter_context(SqlLeaseStore(lease_url))
@@ -191,7 +198,7 @@ def deployment_for(work: Path, *, days: int, writers: int, hold: str, concurrenc
 
 
 def task_seconds(tis: list[dict[str, Any]]) -> float:
-    return sum((ti["end_date"] - ti["start_date"]).total_seconds() for ti in tis
+    return sum(float((ti["end_date"] - ti["start_date"]).total_seconds()) for ti in tis
                if ti["end_date"] and ti["start_date"])
 
 
@@ -214,25 +221,31 @@ def main_runs(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             tasks = len(outcome.tis[dag_id])
             figures: dict[str, Any] = {"tasks": tasks, "makespan_s": round(makespan, 1),
                                        "tasks_per_min": round(60 * tasks / makespan, 1), "problems": broken}
-            spans = [s for s in scale.lease_spans(outcome.events) if s.table.endswith(
-                "/dated" if dag_id == scale.DATED else "/flat")]
+            events = [e for e in outcome.events if e.table.endswith("/dated" if dag_id == scale.DATED else "/flat")]
+            spans = scale.lease_spans(events)
             if dag_id == scale.DATED:
+                # The makespan the slots allow for these task durations: makespan / bound is how busy the
+                # slots were (the durations themselves are measured under the run's own contention).
                 bound = task_seconds(outcome.tis[dag_id]) / slots
                 figures.update(slot_bound_s=round(bound, 1), makespan_over_bound=round(makespan / bound, 2),
-                               most_leases_at_once=max_concurrent(spans))
+                               most_leases_at_once=max_concurrent(spans),
+                               spark_seconds_mean=round(statistics.mean(
+                                   float(r["run_seconds"]) for r in outcome.xcoms[dag_id].values() if r), 2))
             else:
                 # The table takes one writer at a time: the bound is its writers' Spark time end to end.
                 # A hand-over: from one lease's release to the next holder's job reaching Spark.
-                results = {m: r for (_, m), r in outcome.xcoms[dag_id].items() if r}
-                serial = sum(float(r["run_seconds"]) for r in results.values())
-                gaps = [float(results[m]["run_started_at"]) - a.ended for a, b in itertools.pairwise(spans)
-                        if (m := scale.owner_key(b.owner)[1]) in results and results[m].get("run_started_at")]
+                results = [r for r in outcome.xcoms[dag_id].values() if r]
+                serial = sum(float(r["run_seconds"]) for r in results)
+                started = {r["lease"]["request_id"]: float(r["run_started_at"]) for r in results
+                           if r.get("lease") and r.get("run_started_at")}
+                gaps = [started[b.request_id] - a.ended for a, b in itertools.pairwise(spans)
+                        if b.request_id in started and a.ended != float("inf")] or [float("nan")]
                 figures.update(serial_bound_s=round(serial, 1), makespan_over_bound=round(makespan / serial, 2),
                                handover_p50_s=round(percentile(gaps, 0.5), 2),
                                handover_p99_s=round(percentile(gaps, 0.99), 2),
                                waiting=sampler.waiting_window(), top_statements=sampler.top_statements())
-            figures["expired_or_abandoned"] = sum(1 for e in outcome.events if e.kind in (
-                AuditKind.EXPIRE, AuditKind.ABANDON))
+            figures["expired_or_abandoned"] = sum(1 for e in events if e.kind in (AuditKind.EXPIRE, AuditKind.ABANDON))
+            figures["retried_tasks"] = sum(1 for ti in outcome.tis[dag_id] if ti["try_number"] > 1)
             report[dag_id] = figures
             print(dag_id, json.dumps(figures, default=str), flush=True)
     return report
@@ -250,7 +263,7 @@ def max_concurrent(spans: list[scale.LeaseSpan]) -> int:
 def fault_run(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     hold = f"flat:{args.fault_writers // 3}" if name == "worker" else ""
     with deployment_for(work, days=args.fault_days, writers=args.fault_writers, hold=hold,
-                        concurrency=args.concurrency, ttl=args.ttl, heartbeat=args.heartbeat) as (
+                        concurrency=args.concurrency, ttl=args.ttl, heartbeat=args.heartbeat, faults=True) as (
             deployment, store, leases, root):
         fault = FAULTS[name] or scale.restart_postgres(leases)
         started = time.time()
@@ -275,22 +288,29 @@ def render(args: argparse.Namespace, report: dict[str, Any]) -> str:
              f"two PostgreSQL servers; one Spark Connect server (`local[2]`) for every job; pool TTL {args.ttl:g} s, "
              f"heartbeat {args.heartbeat:g} s. Everything shares the machine's 2 cores.", ""]
     if dated := report.get(scale.DATED):
-        lines += ["| dated backfill | tasks | makespan | tasks/min | slot bound | makespan / bound "
-                  "| most leases at once | problems |", "|---|---|---|---|---|---|---|---|",
-                  f"| {args.days} date overwrites | {dated['tasks']} | {dated['makespan_s']} s | "
-                  f"{dated['tasks_per_min']} | {dated['slot_bound_s']} s | {dated['makespan_over_bound']} | "
-                  f"{dated['most_leases_at_once']} | {len(dated['problems'])} |", ""]
+        lines += ["| date-partitioned backfill | makespan | tasks/min | mean Spark s per job | slot bound | "
+                  "makespan / slot bound | most leases at once | retried | problems |",
+                  "|---|---|---|---|---|---|---|---|---|",
+                  f"| {dated['tasks']} overwrites, none conflict | {dated['makespan_s']} s | "
+                  f"{dated['tasks_per_min']} | "
+                  f"{dated['spark_seconds_mean']} | {dated['slot_bound_s']} s | {dated['makespan_over_bound']} | "
+                  f"{dated['most_leases_at_once']} | {dated['retried_tasks']} | {len(dated['problems'])} |", "",
+                  "*Slot bound*: the sum of the task durations over the workers' slots, the makespan these tasks "
+                  "allow if no slot is ever idle (the durations are measured under the run's own load).", ""]
     if flat := report.get(scale.FLAT):
         w = flat.get("waiting") or {}
-        lines += ["| unpartitioned, all conflict | tasks | makespan | tasks/min | serial bound | makespan / bound | "
-                  "hand-over p50 / p99 | problems |", "|---|---|---|---|---|---|---|---|",
-                  f"| {args.writers} MERGEs | {flat['tasks']} | {flat['makespan_s']} s | {flat['tasks_per_min']} | "
+        lines += ["| unpartitioned, every pair conflicts | makespan | tasks/min | serial bound | makespan / bound | "
+                  "hand-over p50 / p99 | retried | problems |", "|---|---|---|---|---|---|---|---|",
+                  f"| {flat['tasks']} MERGEs | {flat['makespan_s']} s | {flat['tasks_per_min']} | "
                   f"{flat['serial_bound_s']} s | {flat['makespan_over_bound']} | {flat['handover_p50_s']} s / "
-                  f"{flat['handover_p99_s']} s | {len(flat['problems'])} |", "",
-                  f"While {w.get('mean_waiting')} requests waited on average (most {w.get('most_waiting')}; "
-                  f"{w.get('seconds')} s): both triggerers together {w.get('triggerer_cpu_pct')}% of one core; "
-                  f"the lease store's PostgreSQL {w.get('store_cpu_pct')}% of one core and {w.get('store_qps')} "
-                  "queries/s.", ""]
+                  f"{flat['handover_p99_s']} s | {flat['retried_tasks']} | {len(flat['problems'])} |", "",
+                  "*Serial bound*: the MERGEs' Spark seconds end to end (the table takes one writer at a time). "
+                  "*Hand-over*: from one lease's release to the next holder's job reaching Spark (the trigger's "
+                  "wake-up, the scheduler, Celery, a new task process, planning).", "",
+                  f"While {w.get('mean_waiting')} requests waited on average (most {w.get('most_waiting')}; over "
+                  f"{w.get('seconds')} s): both triggerers together used {w.get('triggerer_cpu_pct')}% of one core, "
+                  f"the lease store's PostgreSQL server {w.get('store_cpu_pct')}% of one core for "
+                  f"{w.get('store_qps')} queries/s (every process's, waiting tasks in workers included).", ""]
     if faults := report.get("faults"):
         lines += ["| fault | what happened | run | retried tries | leases expired | problems |",
                   "|---|---|---|---|---|---|"]
@@ -312,7 +332,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4, help="slots per Celery worker")
     parser.add_argument("--ttl", type=float, default=20.0)
     parser.add_argument("--heartbeat", type=float, default=4.0)
-    parser.add_argument("--timeout", type=float, default=6 * 3600.0)
+    parser.add_argument("--timeout", type=float, default=3 * 3600.0)
     parser.add_argument("--no-main", action="store_true", help="only the fault runs")
     parser.add_argument("--no-write", action="store_true", help="print, do not write docs/benchmarks.md")
     args = parser.parse_args()
@@ -320,8 +340,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench_scale_") as tmp:
         if not args.no_main:
             report.update(main_runs(args, Path(tmp) / "main"))
+            print(render(args, report), flush=True)   # the main figures, should a fault run break
         faults = [f for f in args.faults.split(",") if f and f != "none"]
-        report["faults"] = {name: fault_run(name, args, Path(tmp) / f"fault_{name}") for name in faults}
+        report["faults"] = {}
+        for name in faults:
+            try:
+                report["faults"][name] = fault_run(name, args, Path(tmp) / f"fault_{name}")
+            except Exception as error:   # one broken run must not lose the others' figures
+                report["faults"][name] = {"fault": {}, "seconds": 0, "problems": [f"run failed: {error}"],
+                                          "retried": [], "expired": 0, "abandoned": 0}
+                print(name, "failed:", error, flush=True)
     text = render(args, report)
     print(text)
     if not args.no_write:

@@ -168,29 +168,36 @@ class CeleryDeployment:
         return process
 
     def stop(self) -> None:
-        for host in self.hosts:
-            for process in host.processes.values():
-                left = descendants(process.pid)   # task processes may run in process groups of their own
-                stop_process_group(process)
-                for pid in left:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-        if self.redis is not None:
-            stop_process_group(self.redis)
-            self.redis = None
+        """Workers first (their tasks still reach the API server), then everything else, Redis last."""
+        order = ("worker", "triggerer", "scheduler", "dag-processor", "api-server")
+        try:
+            for role in order:
+                for host in self.hosts:
+                    process = host.processes.get(role)
+                    if process is None or process.poll() is not None:
+                        continue   # killed and not started again: its pid may belong to someone else now
+                    left = descendants(process.pid)   # task processes may run in process groups of their own
+                    stop_process_group(process)
+                    for pid in left:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGKILL)
+        finally:
+            if self.redis is not None:
+                stop_process_group(self.redis)
+                self.redis = None
 
     def kill(self, host: str, role: str) -> int:
         """SIGKILL ``role`` on ``host`` with every process it started, its task processes included even in a
         process group of their own (a host losing that component: no clean-up anywhere); returns the
         number of processes killed."""
         process = self.host(host).processes[role]
+        self.host(host).killed.add(role)   # first: check_alive in another thread must not call it a crash
         doomed = [process.pid, *descendants(process.pid)]   # listed first: the dead's children are re-parented
         os.killpg(process.pid, signal.SIGKILL)
         for pid in doomed:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         process.wait(30)
-        self.host(host).killed.add(role)
         return len(doomed)
 
     def host_running(self, pid: int, role: str = "worker") -> Host:

@@ -61,23 +61,33 @@ def lease_connection(lease_url: str) -> str:
 
 
 def airflow_settings(root: Path, pools: Path, *, spark_url: str, lease_url: str | None, days: int, writers: int,
-                     hold: str = "") -> dict[str, str]:
+                     slots: int, hold: str = "", quick_failure_detection: bool = False) -> dict[str, str]:
     """Airflow environment every host gets: the pool file, the connections (the lease store's only when
-    ``lease_url`` is given; else it must be added to the metadata database), the scenario's size, and
-    failure detection quick enough for a test (a dead task is noticed in 20 s, a dead scheduler or
-    triggerer in 15 s)."""
-    return {
-        "AIRFLOW__DELTA_OCC__POOL_FILE": str(pools),
-        "AIRFLOW_CONN_DELTA_OCC_DEFAULT": json.dumps({"conn_type": "delta_occ",
-                                                      "extra": {"mode": "connect", "connect_url": spark_url}}),
-        **({"AIRFLOW_CONN_DELTA_OCC_LEASES": lease_connection(lease_url)} if lease_url else {}),
-        "AIRFLOW__CORE__PARALLELISM": "64",
-        "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "1024",
+    ``lease_url`` is given; else it must be added to the metadata database), the scenario's size.
+
+    Each scheduler queues at most ``slots`` (its share of the workers' slots: queued tasks then start at
+    once instead of waiting behind a backlog in the broker, which would count as hand-over time), and a
+    task queued for 90 s is queued again (one a killed worker had taken is not lost for Airflow's default
+    10 minutes). ``quick_failure_detection`` (fault runs): a dead task is noticed in 20 s, a dead
+    scheduler or triggerer in 15 s; elsewhere Airflow's defaults, which a loaded machine does not trip.
+    """
+    quick = {
         "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
         "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
         "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "15",
         "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "15",
         "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "15",
+    }
+    return {
+        **(quick if quick_failure_detection else {}),
+        "AIRFLOW__CORE__PARALLELISM": str(slots),
+        "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "90",
+        "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT_CHECK_INTERVAL": "15",
+        "AIRFLOW__DELTA_OCC__POOL_FILE": str(pools),
+        "AIRFLOW_CONN_DELTA_OCC_DEFAULT": json.dumps({"conn_type": "delta_occ",
+                                                      "extra": {"mode": "connect", "connect_url": spark_url}}),
+        **({"AIRFLOW_CONN_DELTA_OCC_LEASES": lease_connection(lease_url)} if lease_url else {}),
+        "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "1024",
         "DELTA_OCC_SCALE_ROOT": str(root),
         "DELTA_OCC_SCALE_DAYS": str(days),
         "DELTA_OCC_SCALE_WRITERS": str(writers),
@@ -127,6 +137,7 @@ def commits_by_writer(table: str) -> Counter[tuple[str, int]]:
 class LeaseSpan:
     """One request's lease: who held it, for which table, from its grant to its release or expiry."""
 
+    request_id: str
     owner: str
     table: str
     granted: float
@@ -142,7 +153,7 @@ def lease_spans(events: list[AuditEvent]) -> list[LeaseSpan]:
     for e in events:
         if e.kind is AuditKind.GRANT:
             end = ends.get(e.request_id)
-            spans.append(LeaseSpan(e.owner, e.table, e.at, end.at if end else float("inf"),
+            spans.append(LeaseSpan(e.request_id, e.owner, e.table, e.at, end.at if end else float("inf"),
                                    end.kind if end else AuditKind.GRANT, requested.get(e.request_id, e.at)))
     return sorted(spans, key=lambda s: s.granted)
 
@@ -183,14 +194,24 @@ def run_backfills(deployment: CeleryDeployment, store: LeaseStore, root: Path, r
                   timeout: float = 900.0) -> Outcome:
     """Trigger ``dag_ids`` at once, run ``fault`` beside them, wait until every run has ended."""
     log: dict[str, Any] = {}
-    thread = threading.Thread(target=fault, args=(deployment, store, root, log), daemon=True) if fault else None
+
+    def run_fault() -> None:
+        assert fault is not None
+        try:
+            fault(deployment, store, root, log)
+        except Exception as error:   # recorded: a fault that did not happen must not pass silently
+            log["error"] = f"{type(error).__name__}: {error}"
+
+    thread = threading.Thread(target=run_fault, daemon=True) if fault else None
     if thread:
         thread.start()
     for dag_id in dag_ids:
         deployment.trigger(dag_id, run_id)
     states = {dag_id: deployment.wait_for_run(dag_id, run_id, timeout=timeout) for dag_id in dag_ids}
     if thread:
-        thread.join(60)
+        thread.join(120)
+        if thread.is_alive():
+            log["error"] = "the fault was still running when the runs had ended"
     spans = {}
     for dag_id in dag_ids:
         [row] = deployment.query("SELECT extract(epoch FROM start_date) AS s, extract(epoch FROM end_date) AS e "
@@ -205,9 +226,11 @@ def run_backfills(deployment: CeleryDeployment, store: LeaseStore, root: Path, r
 
 
 def problems(outcome: Outcome, root: Path, *, days: int, writers: int) -> list[str]:
-    """Every way the run broke the promise, as sentences (none: every task done once, no Delta conflict,
-    exact tables, no two conflicting leases at once)."""
+    """Every way the run broke the promise, as sentences (none: every task done once, no Delta conflict in
+    any task's final result, exact tables, one commit per writer, no two conflicting leases at once)."""
     found = [f"{d} ended {s}" for d, s in outcome.states.items() if s != "success"]
+    if "error" in outcome.fault:
+        found.append(f"fault: {outcome.fault['error']}")
     for dag_id, xcoms in outcome.xcoms.items():
         expected = days if dag_id == DATED else writers
         if len(xcoms) != expected:
@@ -218,9 +241,10 @@ def problems(outcome: Outcome, root: Path, *, days: int, writers: int) -> list[s
         commits = commits_by_writer(str(root / "dated"))
         if commits != {(DATED, i): 1 for i in range(days)}:
             found.append(f"dated commits per writer: {sorted(commits.items())[:10]} ... ({len(commits)} writers)")
-        rows = {r["id"]: (str(r["day"]), r["v"]) for r in table_rows(str(root / "dated"))}
-        if rows != expected_dated(days):
-            found.append(f"dated table: {len(rows)} rows, not the {3 * days} written")
+        dated_rows = table_rows(str(root / "dated"))
+        rows = {r["id"]: (str(r["day"]), r["v"]) for r in dated_rows}
+        if len(dated_rows) != len(rows) or rows != expected_dated(days):
+            found.append(f"dated table: {len(dated_rows)} rows ({len(rows)} ids), not the {3 * days} written")
     if FLAT in outcome.states:
         commits = commits_by_writer(str(root / "flat"))
         if commits != {(FLAT, j): 1 for j in range(writers)}:
@@ -252,7 +276,13 @@ def kill_the_held_writer(deployment: CeleryDeployment, store: LeaseStore, root: 
     the worker running it with its task processes (a host lost), start that host's worker again, and let
     the dead task's commit go on (its Spark job lives on in the Connect server)."""
     gate = root / "gate"
-    if not wait_until(lambda: (gate / "held.reached").exists() and flat_waiters(store) > 0):
+    if not wait_until(lambda: (gate / "held.reached").exists()):
+        log["error"] = "the held MERGE never reached its commit"
+        return
+    # The gate fails a commit held for 180 s: give up well before, and let it go.
+    if not wait_until(lambda: flat_waiters(store) > 0, timeout=120):
+        (gate / "held.release").touch()
+        log["error"] = "no MERGE waited behind the held one"
         return
     host = deployment.host_running(int((gate / "held.pid").read_text()))
     log["waiting_at_kill"] = flat_waiters(store)
@@ -274,6 +304,7 @@ def kill_a_triggerer(deployment: CeleryDeployment, store: LeaseStore, root: Path
         counts = triggers_by_triggerer(deployment)
         return len([t for t, n in counts.items() if t is not None and n > 0]) >= 2
     if not wait_until(both_busy):
+        log["error"] = "the two triggerers never both ran waiters"
         return
     before = triggers_by_triggerer(deployment)
     alive_before = {r["id"] for r in deployment.query(
@@ -297,6 +328,7 @@ def kill_a_triggerer(deployment: CeleryDeployment, store: LeaseStore, root: Path
 def kill_a_scheduler(deployment: CeleryDeployment, store: LeaseStore, root: Path, log: dict[str, Any]) -> None:
     """Once MERGEs wait in the pool, SIGKILL host a's scheduler; the other one carries on alone."""
     if not wait_until(lambda: flat_waiters(store) > 0):
+        log["error"] = "no MERGE ever waited"
         return
     deployment.kill("a", "scheduler")
     log.update(killed=time.time(), waiting_at_kill=flat_waiters(store))
@@ -307,11 +339,14 @@ def restart_postgres(server: Any, *, down_seconds: float = 5.0) -> Fault:
     wait in the pool, keeps it down ``down_seconds``, and starts it again on the same port."""
     def fault(deployment: CeleryDeployment, store: LeaseStore, root: Path, log: dict[str, Any]) -> None:
         if not wait_until(lambda: flat_waiters(store) > 0):
+            log["error"] = "no MERGE ever waited"
             return
         log["waiting_at_kill"] = flat_waiters(store)
         server.crash()
         log["stopped"] = time.time()
-        time.sleep(down_seconds)
-        server.restart()
+        try:
+            time.sleep(down_seconds)
+        finally:
+            server.restart()
         log["started"] = time.time()
     return fault

@@ -9,8 +9,8 @@ test runs them with a few dozen tasks, ``make bench-scale`` with a thousand.
   them one at a time while the others wait (deferred, in the triggerers).
 
 A writer named in ``DELTA_OCC_SCALE_HOLD`` (``flat:3``: map index 3 of the flat DAG) arms the test
-LogStore's gate before its first try's job runs, with that try's identity and its process id, so the test
-can hold its commit and kill what runs it (the Connect server's ``occ.armed.dir`` is ``ROOT/gate``).
+LogStore's gate as its first try hands its job to Spark, with that try's identity and its process id, so
+the test can hold its commit and kill what runs it (the Connect server's ``occ.armed.dir`` is ``ROOT/gate``).
 
 Environment: ``DELTA_OCC_SCALE_ROOT``, ``DELTA_OCC_SCALE_DAYS``, ``DELTA_OCC_SCALE_WRITERS``,
 ``DELTA_OCC_SCALE_HOLD``; Spark comes from the ``delta_occ_default`` connection.
@@ -44,16 +44,16 @@ def day(index: int) -> str:
 
 
 class Holdable:
-    """Arms the gate for the writer ``DELTA_OCC_SCALE_HOLD`` names (see the module docstring)."""
+    """Arms the gate for the writer ``DELTA_OCC_SCALE_HOLD`` names (see the module docstring), in the
+    process that hands the job to Spark: after a deferral that is the resumed task's, not the first one's."""
 
-    def execute(self, context: Any) -> Any:
-        name = f"{context['dag'].dag_id.rsplit('_', 1)[-1]}:{context['ti'].map_index}"
-        if name == HOLD and context["ti"].try_number == 1:
+    def _run_in_spark(self, prepared: Any) -> Any:
+        run = prepared.spec.run
+        if f"{run.dag_id.rsplit('_', 1)[-1]}:{run.map_index}" == HOLD and run.try_number == 1:
             gate = ROOT / "gate"
-            token = json.dumps(self._run_identity(context).user_metadata())[1:-1]  # type: ignore[attr-defined]
             (gate / "held.pid").write_text(str(os.getpid()))
-            (gate / "held.arm").write_text(token)
-        return super().execute(context)  # type: ignore[misc]
+            (gate / "held.arm").write_text(json.dumps(run.user_metadata())[1:-1])
+        return super()._run_in_spark(prepared)  # type: ignore[misc]
 
 
 class HoldableOverwrite(Holdable, DeltaOverwritePartitionsOperator):

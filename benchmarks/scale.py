@@ -261,7 +261,7 @@ def max_concurrent(spans: list[scale.LeaseSpan]) -> int:
 
 
 def fault_run(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    hold = f"flat:{args.fault_writers // 3}" if name == "worker" else ""
+    hold = "flat:first" if name == "worker" else ""
     with deployment_for(work, days=args.fault_days, writers=args.fault_writers, hold=hold,
                         concurrency=args.concurrency, ttl=args.ttl, heartbeat=args.heartbeat, faults=True) as (
             deployment, store, leases, root):

@@ -280,14 +280,14 @@ def kill_the_held_writer(deployment: CeleryDeployment, store: LeaseStore, root: 
         log["error"] = "the held MERGE never reached its commit"
         return
     # The gate fails a commit held for 180 s: give up well before, and let it go.
-    if not wait_until(lambda: flat_waiters(store) > 0, timeout=120):
+    if not wait_until(lambda: flat_waiters(store) > 0, timeout=150):
         (gate / "held.release").touch()
         log["error"] = "no MERGE waited behind the held one"
         return
     host = deployment.host_running(int((gate / "held.pid").read_text()))
     log["waiting_at_kill"] = flat_waiters(store)
     deployment.kill(host.name, "worker")
-    log.update(killed=time.time(), host=host.name)
+    log.update(killed=time.time(), host=host.name, held=int((gate / "held.index").read_text()))
     deployment.spawn(host, "worker")
     (gate / "held.release").touch()
 

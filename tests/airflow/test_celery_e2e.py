@@ -42,7 +42,6 @@ from . import scale
 pytestmark = pytest.mark.postgres
 
 DAYS, WRITERS = 24, 8
-HELD = 2                      # the MERGE whose worker is killed
 TTL, HEARTBEAT = 15.0, 3.0
 SLOTS = 4                     # per Celery worker (and what each scheduler queues at most)
 RUN_TIMEOUT = 600.0
@@ -62,7 +61,7 @@ def celery_run(tmp_path_factory: pytest.TempPathFactory,
         # The lease store's connection lives in the metadata database (added below), as on most platforms:
         # workers, triggerers, schedulers and the CLI on either host read it from there.
         settings = scale.airflow_settings(root, pools, spark_url=spark["url"], lease_url=None, days=DAYS,
-                                          writers=WRITERS, slots=SLOTS, hold=f"flat:{HELD}",
+                                          writers=WRITERS, slots=SLOTS, hold="flat:first",
                                           quick_failure_detection=True)
         with CeleryDeployment(work / "airflow", postgres_server, scale.DAGS, settings=settings,
                               worker_concurrency=SLOTS, database="celery_e2e_airflow") as deployment, \
@@ -82,9 +81,10 @@ def test_every_task_succeeded_once_with_exact_tables_despite_the_killed_worker(c
     outcome: scale.Outcome = celery_run["outcome"]
     assert "killed" in outcome.fault, "the held MERGE never reached its commit with a waiter behind it"
     assert scale.problems(outcome, celery_run["root"], days=DAYS, writers=WRITERS) == []
+    held = outcome.fault["held"]
     tries = {ti["map_index"]: ti["try_number"] for ti in outcome.tis[scale.FLAT]}
-    assert tries[HELD] >= 2, tries   # Airflow retried the task whose worker died
-    result = outcome.xcoms[scale.FLAT][("merge_one", HELD)]
+    assert tries[held] >= 2, tries   # Airflow retried the task whose worker died
+    result = outcome.xcoms[scale.FLAT][("merge_one", held)]
     print("the killed MERGE's retry", "found its first try's commit" if result.get("already_committed")
           else "wrote it")
 
@@ -92,7 +92,8 @@ def test_every_task_succeeded_once_with_exact_tables_despite_the_killed_worker(c
 def test_the_dead_holders_lease_expired_before_the_next_grant(celery_run: dict[str, Any]) -> None:
     spans = scale.lease_spans(celery_run["outcome"].events)
     flat = [s for s in spans if s.table.endswith("/flat")]
-    killed = [s for s in flat if scale.owner_key(s.owner) == (scale.FLAT, HELD) and s.owner.endswith("/1")]
+    held = celery_run["outcome"].fault["held"]
+    killed = [s for s in flat if scale.owner_key(s.owner) == (scale.FLAT, held) and s.owner.endswith("/1")]
     assert len(killed) == 1 and killed[0].how is AuditKind.EXPIRE, killed
     after = [s for s in flat if s.granted > killed[0].granted]
     assert after and min(s.granted for s in after) >= killed[0].ended, (killed, after[:2])

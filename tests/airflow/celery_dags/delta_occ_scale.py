@@ -8,9 +8,11 @@ test runs them with a few dozen tasks, ``make bench-scale`` with a thousand.
   inserting its own row. Every MERGE reads the whole table, so every pair conflicts: the pool runs
   them one at a time while the others wait (deferred, in the triggerers).
 
-A writer named in ``DELTA_OCC_SCALE_HOLD`` (``flat:3``: map index 3 of the flat DAG) arms the test
+A writer named in ``DELTA_OCC_SCALE_HOLD`` (``flat:3``: map index 3 of the flat DAG; ``flat:first``: the
+first MERGE to reach Spark, so every other one waits behind it) arms the test
 LogStore's gate as its first try hands its job to Spark, with that try's identity and its process id, so
-the test can hold its commit and kill what runs it (the Connect server's ``occ.armed.dir`` is ``ROOT/gate``).
+the test can hold its commit and kill what runs it; ``held.index`` names it (the Connect server's
+``occ.armed.dir`` is ``ROOT/gate``).
 
 Environment: ``DELTA_OCC_SCALE_ROOT``, ``DELTA_OCC_SCALE_DAYS``, ``DELTA_OCC_SCALE_WRITERS``,
 ``DELTA_OCC_SCALE_HOLD``; Spark comes from the ``delta_occ_default`` connection.
@@ -49,11 +51,23 @@ class Holdable:
 
     def _run_in_spark(self, prepared: Any) -> Any:
         run = prepared.spec.run
-        if f"{run.dag_id.rsplit('_', 1)[-1]}:{run.map_index}" == HOLD and run.try_number == 1:
+        dag = run.dag_id.rsplit("_", 1)[-1]
+        if HOLD in (f"{dag}:{run.map_index}", f"{dag}:first") and run.try_number == 1 and self._claim(run.map_index):
             gate = ROOT / "gate"
             (gate / "held.pid").write_text(str(os.getpid()))
             (gate / "held.arm").write_text(json.dumps(run.user_metadata())[1:-1])
         return super()._run_in_spark(prepared)  # type: ignore[misc]
+
+    @staticmethod
+    def _claim(map_index: int) -> bool:
+        """Whether this writer is the one held: the first to create ``held.index`` (one writer only)."""
+        try:
+            fd = os.open(ROOT / "gate" / "held.index", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as out:
+            out.write(str(map_index))
+        return True
 
 
 class HoldableOverwrite(Holdable, DeltaOverwritePartitionsOperator):

@@ -27,8 +27,11 @@ def server() -> Iterator[PostgresServer]:
         yield started
 
 
-def test_reads_survive_a_server_restart_and_writes_recover(server: PostgresServer,
-                                                           request_for: Request) -> None:  # noqa: F811
+def test_reads_survive_a_server_restart_and_writes_recover(server: PostgresServer, request_for: Request,  # noqa: F811
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_delta_occ.pools.leases import sql
+
+    monkeypatch.setattr(sql, "IDLE_PING_SECONDS", 1e9)   # no connection is idle long enough to be checked
     with SqlLeaseStore(server.url) as reader, SqlLeaseStore(server.url) as writer:
         held = writer.acquire(request_for("a", "UPDATE", "country = 'DE'"))
         waiting = writer.acquire(request_for("b", "UPDATE", "country = 'DE'"))
@@ -46,3 +49,19 @@ def test_reads_survive_a_server_restart_and_writes_recover(server: PostgresServe
             writer.release(held.request_id, owner="a")
         writer.release(held.request_id, owner="a")
         assert writer.poll(waiting.request_id, owner="b").status is LeaseStatus.GRANTED
+
+
+def test_a_holder_idle_through_a_restart_releases_at_once(server: PostgresServer, request_for: Request,  # noqa: F811
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A holder that did nothing while the server restarted (its job ran in Spark) releases on the first
+    try: its idle connection is checked before use. Otherwise the next writer would wait a whole TTL."""
+    from airflow_delta_occ.pools.leases import sql
+
+    with SqlLeaseStore(server.url) as holder, SqlLeaseStore(server.url) as waiter:
+        held = holder.acquire(request_for("a", "UPDATE", "country = 'DE'"))
+        waiting = waiter.acquire(request_for("b", "UPDATE", "country = 'DE'"))
+        server.crash()
+        server.restart()
+        monkeypatch.setattr(sql, "IDLE_PING_SECONDS", 0.0)   # as if idle for longer than the threshold
+        holder.release(held.request_id, owner="a")
+        assert waiter.poll(waiting.request_id, owner="b").status is LeaseStatus.GRANTED

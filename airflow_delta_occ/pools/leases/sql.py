@@ -16,6 +16,7 @@ a SQLAlchemy URL and imports no Airflow; the Airflow layer resolves a connection
 from __future__ import annotations
 
 import json
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
@@ -24,7 +25,7 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, DisconnectionError, SQLAlchemyError
 
 from airflow_delta_occ.exceptions import LeaseStoreError
 
@@ -235,9 +236,10 @@ class SqlLeaseStore(LeaseStore):
         write lock), run once more on a new connection when the server had dropped the pooled one.
 
         After a database restart or failover every pooled connection is dead; SQLAlchemy notices on the
-        first use and discards the whole pool. A read is safe to repeat, so a triggerer's poll or the CLI
-        does not fail for a restart that is already over. Writes are not repeated: a COMMIT cut off may
-        have landed, so they fail with LeaseStoreError and the caller's next operation starts afresh.
+        first use and discards the whole pool (connections idle for ``IDLE_PING_SECONDS`` are checked
+        before use instead). A read is safe to repeat, so a triggerer's poll or the CLI does not fail for a
+        restart that is already over. Writes are not repeated: a COMMIT cut off may have landed, so they
+        fail with LeaseStoreError and the caller's next operation starts afresh.
         """
         for attempt in (1, 2):
             try:
@@ -463,10 +465,43 @@ def _engine(url: str, options: dict[str, Any]) -> Engine:
         sa.event.listen(engine, "connect", _sqlite_connect)
         sa.event.listen(engine, "begin", _sqlite_begin)
         return engine
-    # No pre-ping: it is one more round trip per operation; a dropped connection fails one call with
-    # LeaseStoreError and is replaced (callers poll again).
     batched = {"executemany_mode": "values_plus_batch"} if parsed.get_driver_name() == "psycopg2" else {}
-    return sa.create_engine(parsed, **{"pool_size": 2, "max_overflow": 4, "pool_recycle": 1800, **batched, **options})
+    engine = sa.create_engine(parsed, **{"pool_size": 2, "max_overflow": 4, "pool_recycle": 1800, **batched,
+                                         **options})
+    sa.event.listen(engine, "checkin", _note_checkin)
+    sa.event.listen(engine, "checkout", _ping_if_idle)
+    return engine
+
+
+#: A pooled connection idle this long is checked before use (see ``_ping_if_idle``).
+IDLE_PING_SECONDS = 5.0
+
+
+def _note_checkin(_dbapi_connection: Any, record: Any) -> None:
+    record.info["delta_occ_idle_since"] = time.monotonic()
+
+
+def _ping_if_idle(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+    """Check a connection that sat idle in the pool before it is used; a dead one is replaced.
+
+    Not every use: a ping is a round trip, and a busy process's connections are seconds old at most (a
+    dropped one fails one call, SQLAlchemy then discards the whole pool, and callers poll again). An idle
+    one is what a holder has when it releases after minutes of Spark work, or renews after a database
+    restart; without the check that release or renewal would fail once, and a failed release leaves the
+    next writer waiting for the lease's TTL.
+    """
+    idle_since = record.info.get("delta_occ_idle_since")
+    if idle_since is None or time.monotonic() - idle_since < IDLE_PING_SECONDS:
+        return
+    try:
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute("SELECT 1")
+        finally:
+            cursor.close()
+        dbapi_connection.rollback()
+    except Exception as exc:   # the driver's own error types; the pool retries with a new connection
+        raise DisconnectionError(f"idle connection is gone: {exc}") from exc
 
 
 def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:

@@ -21,6 +21,15 @@ def write_section(marker: str, title: str, report: str) -> None:
     print(f"wrote {DOC}", file=sys.stderr)
 
 
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1), linear between the closest ranks."""
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
 def machine() -> str:
     """The machine and versions a figure was measured with, for the report's first line."""
     import os

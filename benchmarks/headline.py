@@ -65,7 +65,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # the repository root: tests.servers starts the Spark Connect server
 
 import headline_workload as wl  # noqa: E402
-from _report import machine, write_section  # noqa: E402
+from _report import machine, percentile, write_section  # noqa: E402
 
 from airflow_delta_occ.demo import airflow_env, standalone  # noqa: E402
 from airflow_delta_occ.demo.metadata import query, xcom  # noqa: E402
@@ -438,15 +438,6 @@ def spread(values: list[float], fmt: str = "{:.1f}") -> str:
     if len(values) == 1:
         return fmt.format(med)
     return f"{fmt.format(med)} ({fmt.format(min(values))}-{fmt.format(max(values))})"
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The ``q`` quantile (0..1), linear between the closest ranks."""
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def achievable_bounds(group: list[RunFigures], k: int, table: str) -> dict[tuple[str, int], dict[str, Any]]:

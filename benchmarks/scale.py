@@ -44,7 +44,7 @@ ROOT_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT_DIR))
 sys.path.insert(0, str(ROOT_DIR / "benchmarks"))
 
-from _report import machine, write_section  # noqa: E402
+from _report import machine, percentile, write_section  # noqa: E402
 
 from airflow_delta_occ.pools.leases.base import LeaseStore  # noqa: E402
 from airflow_delta_occ.pools.leases.sql import SqlLeaseStore  # noqa: E402
@@ -75,11 +75,6 @@ def cpu_seconds(pid: int) -> float:
         except (OSError, ValueError):
             pass
     return total / TICKS
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 @dataclass
@@ -216,19 +211,19 @@ def main_runs(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             thread.join(10)
             broken = scale.problems(outcome, root, days=args.days if dag_id == scale.DATED else 0,
                                     writers=args.writers if dag_id == scale.FLAT else 0)
-            start, end = outcome.spans[dag_id]
+            start, end = outcome.run_times[dag_id]
             makespan = end - start
             tasks = len(outcome.tis[dag_id])
             figures: dict[str, Any] = {"tasks": tasks, "makespan_s": round(makespan, 1),
                                        "tasks_per_min": round(60 * tasks / makespan, 1), "problems": broken}
             events = [e for e in outcome.events if e.table.endswith("/dated" if dag_id == scale.DATED else "/flat")]
-            spans = scale.lease_spans(events)
+            story = scale.table_story(events, "/dated" if dag_id == scale.DATED else "/flat")
             if dag_id == scale.DATED:
                 # The makespan the slots allow for these task durations: makespan / bound is how busy the
                 # slots were (the durations themselves are measured under the run's own contention).
                 bound = task_seconds(outcome.tis[dag_id]) / slots
                 figures.update(slot_bound_s=round(bound, 1), makespan_over_bound=round(makespan / bound, 2),
-                               most_leases_at_once=max_concurrent(spans),
+                               most_leases_at_once=story.peak,
                                spark_seconds_mean=round(statistics.mean(
                                    float(r["run_seconds"]) for r in outcome.xcoms[dag_id].values() if r), 2))
             else:
@@ -238,8 +233,9 @@ def main_runs(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 serial = sum(float(r["run_seconds"]) for r in results)
                 started = {r["lease"]["request_id"]: float(r["run_started_at"]) for r in results
                            if r.get("lease") and r.get("run_started_at")}
-                gaps = [started[b.request_id] - a.ended for a, b in itertools.pairwise(spans)
-                        if b.request_id in started and a.ended != float("inf")] or [float("nan")]
+                held = sorted((s for s in story.spans if s.granted_at is not None), key=lambda s: s.granted_at or 0.0)
+                gaps = [started[b.request_id] - a.ended_at for a, b in itertools.pairwise(held)
+                        if b.request_id in started and a.ended_at is not None] or [float("nan")]
                 figures.update(serial_bound_s=round(serial, 1), makespan_over_bound=round(makespan / serial, 2),
                                handover_p50_s=round(percentile(gaps, 0.5), 2),
                                handover_p99_s=round(percentile(gaps, 0.99), 2),
@@ -249,15 +245,6 @@ def main_runs(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             report[dag_id] = figures
             print(dag_id, json.dumps(figures, default=str), flush=True)
     return report
-
-
-def max_concurrent(spans: list[scale.LeaseSpan]) -> int:
-    edges = sorted([(s.granted, 1) for s in spans] + [(s.ended, -1) for s in spans])
-    most = current = 0
-    for _, step in edges:
-        current += step
-        most = max(most, current)
-    return most
 
 
 def fault_run(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:

@@ -26,8 +26,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -319,10 +318,3 @@ class CeleryDeployment:
             folder = host.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
             parts += [p.read_text(errors="replace") for p in sorted(folder.rglob("attempt=*.log"))]
         return "\n".join(parts)
-
-
-@contextmanager
-def celery_deployment(work: Path, postgres: PostgresServer, dags_folder: Path, **kwargs: Any,
-                      ) -> Iterator[CeleryDeployment]:
-    with CeleryDeployment(work, postgres, dags_folder, **kwargs) as deployment:
-        yield deployment

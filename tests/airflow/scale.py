@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from airflow_delta_occ.engine import DeltaLog
-from airflow_delta_occ.exceptions import LeaseStoreError
 from airflow_delta_occ.pools.leases.base import LeaseStore
-from airflow_delta_occ.pools.requests import AuditEvent, AuditKind
+from airflow_delta_occ.pools.requests import AuditEvent
+from airflow_delta_occ.pools.story import PoolStory
 
 from ..deployment import CeleryDeployment
+from ..unit.engine.logbuilder import LogBuilder, commit_info, metadata, protocol
 
 HERE = Path(__file__).resolve().parent
 DAGS = HERE / "celery_dags"
@@ -29,18 +30,10 @@ POOL = "scale"
 
 def write_table(path: Path, columns: list[tuple[str, str]], partitions: list[str]) -> None:
     """An empty Delta table (one commit: protocol and metadata) at ``path``."""
-    (path / "_delta_log").mkdir(parents=True)
-    now = int(time.time() * 1000)
     schema = {"type": "struct", "fields": [{"name": n, "type": t, "nullable": True, "metadata": {}}
                                            for n, t in columns]}
-    actions = [
-        {"commitInfo": {"timestamp": now, "operation": "CREATE TABLE"}},
-        {"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}},
-        {"metaData": {"id": f"scale-{path.name}", "format": {"provider": "parquet", "options": {}},
-                      "schemaString": json.dumps(schema), "partitionColumns": partitions, "configuration": {},
-                      "createdTime": now}},
-    ]
-    (path / "_delta_log" / f"{0:020d}.json").write_text("\n".join(json.dumps(a) for a in actions) + "\n")
+    LogBuilder(path).commit(commit_info("CREATE TABLE"), protocol(),
+                            metadata(partitions, schema=schema, table_id=f"scale-{path.name}"))
 
 
 def write_tables(root: Path) -> None:
@@ -133,35 +126,9 @@ def commits_by_writer(table: str) -> Counter[tuple[str, int]]:
     return counts
 
 
-@dataclass(frozen=True)
-class LeaseSpan:
-    """One request's lease: who held it, for which table, from its grant to its release or expiry."""
-
-    request_id: str
-    owner: str
-    table: str
-    granted: float
-    ended: float
-    how: AuditKind
-    requested: float
-
-
-def lease_spans(events: list[AuditEvent]) -> list[LeaseSpan]:
-    requested = {e.request_id: e.at for e in events if e.kind is AuditKind.REQUEST}
-    ends = {e.request_id: e for e in events if e.kind in (AuditKind.RELEASE, AuditKind.EXPIRE)}
-    spans = []
-    for e in events:
-        if e.kind is AuditKind.GRANT:
-            end = ends.get(e.request_id)
-            spans.append(LeaseSpan(e.request_id, e.owner, e.table, e.at, end.at if end else float("inf"),
-                                   end.kind if end else AuditKind.GRANT, requested.get(e.request_id, e.at)))
-    return sorted(spans, key=lambda s: s.granted)
-
-
-def overlapping(spans: list[LeaseSpan]) -> list[tuple[LeaseSpan, LeaseSpan]]:
-    """Pairs of spans held at the same time."""
-    return [(a, b) for i, a in enumerate(spans) for b in spans[i + 1:]
-            if min(a.ended, b.ended) > max(a.granted, b.granted)]
+def table_story(events: list[AuditEvent], table_suffix: str) -> PoolStory:
+    """The pool's story (``pools.story``: spans, pairs held together, peak) for one table's events."""
+    return PoolStory.from_audit(e for e in events if e.table.endswith(table_suffix))
 
 
 def owner_key(owner: str) -> tuple[str, int]:
@@ -186,7 +153,7 @@ class Outcome:
     xcoms: dict[str, dict[tuple[str, int], Any]]
     events: list[AuditEvent]
     fault: dict[str, Any] = field(default_factory=dict)
-    spans: dict[str, tuple[float, float]] = field(default_factory=dict)
+    run_times: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 def run_backfills(deployment: CeleryDeployment, store: LeaseStore, root: Path, run_id: str, *,
@@ -212,17 +179,14 @@ def run_backfills(deployment: CeleryDeployment, store: LeaseStore, root: Path, r
         thread.join(120)
         if thread.is_alive():
             log["error"] = "the fault was still running when the runs had ended"
-    spans = {}
+    run_times = {}
     for dag_id in dag_ids:
         [row] = deployment.query("SELECT extract(epoch FROM start_date) AS s, extract(epoch FROM end_date) AS e "
                                  "FROM dag_run WHERE dag_id = %s AND run_id = %s", dag_id, run_id)
-        spans[dag_id] = (float(row["s"]), float(row["e"]))
-    try:
-        events = store.history(pool=POOL, limit=1_000_000)
-    except LeaseStoreError:   # a pooled connection from before a server restart fails once
-        events = store.history(pool=POOL, limit=1_000_000)
+        run_times[dag_id] = (float(row["s"]), float(row["e"]))
+    events = store.history(pool=POOL, limit=1_000_000)   # a read: repeated by the store after a restart
     return Outcome(states, {d: deployment.task_instances(d, run_id) for d in dag_ids},
-                   {d: deployment.xcoms(d, run_id) for d in dag_ids}, events, log, spans)
+                   {d: deployment.xcoms(d, run_id) for d in dag_ids}, events, log, run_times)
 
 
 def problems(outcome: Outcome, root: Path, *, days: int, writers: int) -> list[str]:
@@ -252,8 +216,8 @@ def problems(outcome: Outcome, root: Path, *, days: int, writers: int) -> list[s
         flat_rows = table_rows(str(root / "flat"))
         if len(flat_rows) != writers or {r["id"]: r["v"] for r in flat_rows} != expected_flat(writers):
             found.append(f"flat table: {sorted((r['id'], r['v']) for r in flat_rows)}")
-        spans = [s for s in lease_spans(outcome.events) if s.table.endswith("/flat")]
-        found += [f"conflicting leases at once: {a} and {b}" for a, b in overlapping(spans)]
+        found += [f"conflicting leases at once: {a.owner} and {b.owner}"
+                  for a, b in table_story(outcome.events, "/flat").together]
     return found
 
 

@@ -90,19 +90,20 @@ def test_every_task_succeeded_once_with_exact_tables_despite_the_killed_worker(c
 
 
 def test_the_dead_holders_lease_expired_before_the_next_grant(celery_run: dict[str, Any]) -> None:
-    spans = scale.lease_spans(celery_run["outcome"].events)
-    flat = [s for s in spans if s.table.endswith("/flat")]
+    events = celery_run["outcome"].events
+    flat = [s for s in scale.table_story(events, "/flat").spans if s.granted_at is not None]
     held = celery_run["outcome"].fault["held"]
     killed = [s for s in flat if scale.owner_key(s.owner) == (scale.FLAT, held) and s.owner.endswith("/1")]
-    assert len(killed) == 1 and killed[0].how is AuditKind.EXPIRE, killed
-    after = [s for s in flat if s.granted > killed[0].granted]
-    assert after and min(s.granted for s in after) >= killed[0].ended, (killed, after[:2])
+    assert len(killed) == 1 and killed[0].end is AuditKind.EXPIRE and killed[0].ended_at is not None, killed
+    after = [s.granted_at for s in flat if s.granted_at > killed[0].granted_at]
+    assert after and min(after) >= killed[0].ended_at, (killed, after[:2])
     # The dead worker may have run date writers too: their leases expired and their retries took new ones.
-    dated = [s for s in spans if s.table.endswith("/dated")]
+    dated = scale.table_story(events, "/dated")
+    granted = [s for s in dated.spans if s.granted_at is not None]
     retried = {(scale.DATED, ti["map_index"]) for ti in celery_run["outcome"].tis[scale.DATED] if ti["try_number"] > 1}
-    assert {scale.owner_key(s.owner) for s in dated} == {(scale.DATED, i) for i in range(DAYS)}
-    assert all(s.how is AuditKind.RELEASE or scale.owner_key(s.owner) in retried for s in dated), dated
-    assert scale.overlapping(dated), "the disjoint writers never held leases together"
+    assert {scale.owner_key(s.owner) for s in granted} == {(scale.DATED, i) for i in range(DAYS)}
+    assert all(s.end is AuditKind.RELEASE or scale.owner_key(s.owner) in retried for s in granted), granted
+    assert dated.together, "the disjoint writers never held leases together"
 
 
 def test_nothing_was_left_in_the_pool_and_the_cli_reads_it_from_either_host(celery_run: dict[str, Any]) -> None:

@@ -202,7 +202,7 @@ def main_runs(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     slots = 2 * args.concurrency
     with deployment_for(work, days=args.days, writers=args.writers, hold="", concurrency=args.concurrency,
                         ttl=args.ttl, heartbeat=args.heartbeat) as (deployment, store, leases, root):
-        for dag_id in (scale.DATED, scale.FLAT):
+        for dag_id in args.dags:
             sampler = Sampler(deployment, store, leases)
             thread = threading.Thread(target=sampler.run, daemon=True)
             thread.start()
@@ -320,6 +320,8 @@ def main() -> None:
     parser.add_argument("--ttl", type=float, default=20.0)
     parser.add_argument("--heartbeat", type=float, default=4.0)
     parser.add_argument("--timeout", type=float, default=3 * 3600.0)
+    parser.add_argument("--dags", type=lambda text: tuple(f"delta_occ_scale_{d}" for d in text.split(",")),
+                        default=(scale.DATED, scale.FLAT), help="main runs: dated,flat (default), dated or flat")
     parser.add_argument("--no-main", action="store_true", help="only the fault runs")
     parser.add_argument("--no-write", action="store_true", help="print, do not write docs/benchmarks.md")
     args = parser.parse_args()

@@ -7,9 +7,11 @@ store: memory, SQLite, PostgreSQL):
    (``compare.lease_verdict`` under the pool's model, either commit order).
 2. **Writer limit.** A pool never has more held leases than its ``max_writers``.
 3. **Atomic decisions.** Every operation that can change who holds what (acquire, poll, release,
-   renew, expiry) runs as one database transaction that first takes the pool's lock (a row lock on
-   PostgreSQL, the database write lock on SQLite, a mutex in memory) and decides on the rows it
-   then reads. No decision is made on rows read outside that lock.
+   renew, expiry) decides on one consistent read of its pool's rows, and its changes land only if
+   those rows are still the pool's rows when they are written (``LeaseStore._transact``): under the
+   pool's lock (the database write lock on SQLite, a mutex in memory), or on PostgreSQL optimistically,
+   with one statement that writes only if the pool's revision is still the one read (and otherwise
+   decides again on the rows that statement returns). No decision lands on rows that have moved.
 4. **Fairness.** Waiting requests are judged in arrival order (``arbiter.decide``): a request is
    not overtaken by a later one it conflicts with, except by one expected to end before it could
    start anyway (the arbiter's rule 2a, bounded); one that conflicts with nobody is granted at once.
@@ -38,13 +40,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from airflow_delta_occ.exceptions import LeaseError, LeaseLostError, LeaseOwnershipError
 
 from ..arbiter import Candidate, Decision, Explainer, Remembered, decide
 from ..compare import PairJudge
 from ..requests import AuditEvent, AuditKind, Blocker, LeaseRecord, LeaseRequest, LeaseState, LeaseStatus
+
+_R = TypeVar("_R")
 
 
 class _Refused(Exception):
@@ -89,7 +93,7 @@ class Row:
 
 
 class PoolTransaction(Protocol):
-    """The storage primitives, valid only inside ``LeaseStore._locked`` (which holds the pool's lock)."""
+    """The storage primitives, valid only inside a body run by ``LeaseStore._transact``."""
 
     now: float
 
@@ -125,6 +129,17 @@ class LeaseStore(ABC):
     def _locked(self, pool: str) -> AbstractContextManager[PoolTransaction]:
         """One transaction holding ``pool``'s lock; commits on normal exit, rolls back on an exception."""
 
+    def _transact(self, pool: str, body: Callable[[PoolTransaction], _R]) -> _R:
+        """``body`` on ``pool``'s rows, its changes landing atomically on exactly the rows it read.
+
+        Here under the pool's lock, once. A store may instead run ``body`` optimistically, more than once,
+        each time on fresher rows, and keep the one run whose rows were still current when its changes
+        were written (``SqlLeaseStore`` on PostgreSQL). So a body has no effects outside ``txn`` and raises
+        only for what its rows show (an exception discards its changes, like a rollback).
+        """
+        with self._locked(pool) as txn:
+            return body(txn)
+
     @abstractmethod
     def _read(self, pool: str) -> tuple[list[Row], float]:
         """The pool's rows in arrival order and the store's clock, read without the lock (a consistent read)."""
@@ -157,7 +172,8 @@ class LeaseStore(ABC):
     def acquire(self, request: LeaseRequest) -> LeaseState:
         """Queue ``request`` (or find the owner's existing one for the table) and grant it if the rule allows."""
         request.check()
-        with self._locked(request.pool) as txn:
+
+        def body(txn: PoolTransaction) -> tuple[LeaseState, list[Row]]:
             live = self._expire(txn)   # an expired request of this owner is gone: it asks anew
             mine = next((r for r in live if r.record.table == request.table and r.record.owner == request.owner), None)
             if mine is None:
@@ -168,9 +184,6 @@ class LeaseStore(ABC):
                 txn.insert(Row.of(record, request))
                 self._audit(txn, record, AuditKind.REQUEST, _request_detail(request))
                 request_id = record.request_id
-                if len(self._pool_of) > 10_000:
-                    self._pool_of.clear()
-                self._pool_of[request_id] = request.pool
             else:
                 request_id = mine.request_id
                 if mine.record.status is LeaseStatus.WAITING:  # asking again is a heartbeat, maybe a re-plan
@@ -181,7 +194,12 @@ class LeaseStore(ABC):
                                else replace(mine, record=record))
                     if replanned:
                         self._audit(txn, record, AuditKind.REPLAN, _request_detail(request))
-            state, rows = self._settle(txn, request_id)
+            return self._settle(txn, request_id)
+
+        state, rows = self._transact(request.pool, body)
+        if len(self._pool_of) > 10_000:
+            self._pool_of.clear()
+        self._pool_of[state.request_id] = request.pool
         self._pool_sizes[request.pool] = len(rows)
         return self._explained(state, rows)
 
@@ -271,42 +289,46 @@ class LeaseStore(ABC):
                 answers[request_id] = quiet
         if not pending:
             return answers
-        states: dict[str, LeaseState] = {}
         try:
-            after = self._poll_locked(pool, pending, answers, states)
-        except _Refused:   # nobody here owns what it polled: nothing is changed (invariant 6)
+            states, refused, after = self._transact(pool, lambda txn: self._poll_due(txn, pending))
+        except _Refused as refusal:   # nobody here owns what it polled: nothing is changed (invariant 6)
+            answers.update(refusal.args[0])
             return answers
+        answers.update(refused)
         explaining = _Explaining(after, self.judge)
         answers.update({request_id: explaining(state) for request_id, state in states.items()})
         return answers
 
-    def _poll_locked(self, pool: str, pending: Sequence[tuple[str, str]],
-                     answers: dict[str, LeaseState | LeaseOwnershipError], states: dict[str, LeaseState]) -> list[Row]:
-        """The locked part of ``_poll_pool``: each owner's heartbeat, then one decision; the rows after it.
+    def _poll_due(self, txn: PoolTransaction, pending: Sequence[tuple[str, str]]
+                     ) -> tuple[dict[str, LeaseState], dict[str, LeaseOwnershipError], list[Row]]:
+        """The transaction of ``_poll_pool``: each owner's heartbeat, then one decision; each owned request's
+        state, the refusals, and the rows after it.
 
         Raises:
-            _Refused: no request polled here belongs to its poller (the transaction is rolled back).
+            _Refused: no request polled here belongs to its poller (nothing is written); its argument holds
+                the refusals.
         """
-        with self._locked(pool) as txn:
-            self._expire(txn)  # a waiter that polls after its TTL was abandoned, whoever noticed first
-            owned: dict[str, Row | None] = {}
-            for request_id, owner in pending:
-                try:
-                    owned[request_id] = self._own(txn, request_id, owner)
-                except LeaseOwnershipError as exc:
-                    answers[request_id] = exc
-            if not owned:
-                raise _Refused
-            for row in owned.values():
-                if row is not None and row.record.status is LeaseStatus.WAITING:
-                    txn.update(replace(row, record=replace(row.record, expires_at=txn.now + row.ttl)))
-            decision, by_id = self._grant(txn)
-            for request_id, row in owned.items():
-                state = _state_of(decision, by_id, request_id, txn.now)
-                if state.granted and _heartbeat_due(state.record, row, txn.now):
-                    state = replace(state, record=self._extend(txn, request_id))
-                states[request_id] = state
-            return txn.rows()
+        self._expire(txn)  # a waiter that polls after its TTL was abandoned, whoever noticed first
+        owned: dict[str, Row | None] = {}
+        refused: dict[str, LeaseOwnershipError] = {}
+        states: dict[str, LeaseState] = {}
+        for request_id, owner in pending:
+            try:
+                owned[request_id] = self._own(txn, request_id, owner)
+            except LeaseOwnershipError as exc:
+                refused[request_id] = exc
+        if not owned:
+            raise _Refused(refused)
+        for row in owned.values():
+            if row is not None and row.record.status is LeaseStatus.WAITING:
+                txn.update(replace(row, record=replace(row.record, expires_at=txn.now + row.ttl)))
+        decision, by_id = self._grant(txn)
+        for request_id, row in owned.items():
+            state = _state_of(decision, by_id, request_id, txn.now)
+            if state.granted and _heartbeat_due(state.record, row, txn.now):
+                state = replace(state, record=self._extend(txn, request_id))
+            states[request_id] = state
+        return states, refused, txn.rows()
 
     def _quiet_state(self, rows: Sequence[Row], now: float, request_id: str, owner: str,
                      decided: list[Decision], explaining: _Explaining) -> LeaseState | None:
@@ -341,15 +363,21 @@ class LeaseStore(ABC):
             LeaseOwnershipError: ``owner`` does not own it.
         """
         pool = self._pool(request_id)
+
+        def body(txn: PoolTransaction) -> tuple[LeaseRecord | None, int]:
+            size = len(self._expire(txn))   # the holder learns how busy its pool is
+            row = self._own(txn, request_id, owner)
+            if row is not None and row.record.status is LeaseStatus.GRANTED:
+                return self._extend(txn, request_id), size
+            if row is not None:
+                raise LeaseLostError(f"request {request_id} of {owner!r} is still waiting; only a granted "
+                                     "lease can be renewed")
+            return None, size
+
         if pool is not None:
-            with self._locked(pool) as txn:
-                self._pool_sizes[pool] = len(self._expire(txn))   # the holder learns how busy its pool is
-                row = self._own(txn, request_id, owner)
-                if row is not None and row.record.status is LeaseStatus.GRANTED:
-                    return self._extend(txn, request_id)
-                if row is not None:
-                    raise LeaseLostError(f"request {request_id} of {owner!r} is still waiting; only a granted "
-                                         "lease can be renewed")
+            renewed, self._pool_sizes[pool] = self._transact(pool, body)
+            if renewed is not None:
+                return renewed
         raise LeaseLostError(f"lease {request_id} of {owner!r} is gone: it was released, or expired because its "
                              "heartbeat stopped for longer than its TTL")
 
@@ -365,15 +393,20 @@ class LeaseStore(ABC):
             return False
         if self._pool_sizes.get(pool, 0) >= PREWARM_ROWS:
             self._prewarm(pool, request_id)
-        with self._locked(pool) as txn:
+
+        def body(txn: PoolTransaction) -> list[Row] | None:
             row = self._own(txn, request_id, owner)
             if row is None:
-                return False
+                return None
             txn.delete(request_id)
             held = row.record.status is LeaseStatus.GRANTED
             self._audit(txn, row.record, AuditKind.RELEASE if held else AuditKind.CANCEL,
                         f"held {txn.now - (row.record.granted_at or txn.now):.3f} s" if held else "")
-            _, rows = self._settle(txn, None)
+            return self._settle(txn, None)[1]
+
+        rows = self._transact(pool, body)
+        if rows is None:
+            return False
         self._pool_sizes[pool] = len(rows)
         return True
 

@@ -408,10 +408,10 @@ class LeaseStoreContract:
         holder = store.acquire(request_for("holder", "UPDATE", "country = 'DE'", ttl=ttl))
         waiting = [request_for(f"w{i}", "DELETE", f"country = 'DE' AND id = {i}", ttl=ttl) for i in range(8)]
         waits = [(store.acquire(r).request_id, r) for r in waiting]
-        locks = record_calls(monkeypatch, store, "_locked")
+        locks = record_calls(monkeypatch, store, "_transact")
         clock.now = t0 + 0.5 * ttl   # past a third of the TTL: every waiter's heartbeat is due
         answers = store.poll_many(waits)
-        assert locks == [("sales",)]
+        assert [pool for pool, _body in locks] == ["sales"]
         assert all(not isinstance(a, Exception) and a.record is not None and a.record.expires_at == _at(clock.now + ttl)
                    for a in answers.values())
         clock.now = t0 + 1.2 * ttl   # the holder stopped renewing and expired; the waiters live on that poll

@@ -1,10 +1,13 @@
 """The lease store on a SQL database through SQLAlchemy: SQLite (one host) or PostgreSQL (many hosts).
 
-Atomicity comes from the database. Each operation is one transaction that first locks the pool:
+Atomicity comes from the database:
 
-* PostgreSQL: ``SELECT ... FOR UPDATE`` on the pool's row in ``delta_occ_lease_pools``; every other
-  transaction on the same pool waits there, and (READ COMMITTED) then reads what the previous one
-  committed. Pools do not block each other.
+* PostgreSQL: optimistic. An operation decides on the pool as this process last saw it (or reads it), then
+  writes with one statement that lands only if the pool row's revision is still the one its decision read
+  (``pg_statements``); otherwise that statement returns the pool as it is, and the operation decides again.
+  One round trip per operation while nobody else changes the pool in between, and no lock is held while a
+  client decides. After ``OPTIMISTIC_TRIES`` misses an operation takes the pool row's lock
+  (``SELECT ... FOR UPDATE``), so a busy pool still makes progress. Pools never block each other.
 * SQLite: ``BEGIN IMMEDIATE`` takes the database's write lock before anything is read (WAL journal,
   so listings still read while a decision is made). One host only: SQLite's locks do not work on
   network file systems.
@@ -32,10 +35,14 @@ from airflow_delta_occ.exceptions import LeaseStoreError
 from ..arbiter import Remembered
 from ..compare import PairJudge
 from ..requests import AuditEvent, AuditKind, LeaseRecord, LeaseRequest, LeaseRequestError, LeaseStatus
+from . import pg_statements
 from .base import LeaseStore, PoolTransaction, Row, newest
 from .urls import masked_url, parse_url
 
 _T = TypeVar("_T")
+
+#: Optimistic writes an operation tries on PostgreSQL before it takes the pool's row lock.
+OPTIMISTIC_TRIES = 3
 
 SCHEMA_LOCK_KEY = 0x44454C54414F4343  # "DELTAOCC": the advisory lock that serializes schema creation
 
@@ -44,6 +51,7 @@ pools_table = sa.Table(
     "delta_occ_lease_pools", metadata,
     sa.Column("name", sa.String(200), primary_key=True),
     sa.Column("next_seq", sa.BigInteger, nullable=False),
+    sa.Column("changed_at", sa.Float(53), nullable=True),   # the time of its last optimistic write (PostgreSQL)
 )
 leases_table = sa.Table(
     "delta_occ_leases", metadata,
@@ -109,6 +117,8 @@ class SqlLeaseStore(LeaseStore):
         database = self.engine.url.database if self.dialect == "sqlite" else None
         self._queue_path = f"{database}.lock" if database and database != ":memory:" else None
         self._known_pools: set[str] = set()
+        self._snapshots: dict[str, _Snapshot] = {}   # each pool as this process last saw it (PostgreSQL)
+        self._clock_offset = 0.0   # the database's clock minus this host's, at the last statement
         with self._errors("create the lease tables"), self.engine.begin() as conn:
             if self.dialect == "postgresql":
                 conn.execute(sa.select(sa.func.pg_advisory_xact_lock(SCHEMA_LOCK_KEY)))
@@ -119,11 +129,125 @@ class SqlLeaseStore(LeaseStore):
         self.engine.dispose()
 
     # -- storage primitives ---------------------------------------------------------------------
+    def _transact(self, pool: str, body: Callable[[PoolTransaction], _T]) -> _T:
+        """``LeaseStore._transact``; on PostgreSQL optimistic (see the module docstring).
+
+        A decision made on the pool as this process last saw it lands only through the conditional write.
+        An outcome that writes nothing (a refusal, a lease already gone) is kept only when its rows were read
+        during this call: a remembered pool may be behind, so such an outcome is decided again on a read.
+        """
+        if self.dialect != "postgresql":
+            return super()._transact(pool, body)
+        snapshot, fresh = self._snapshots.get(pool), False
+        for _ in range(OPTIMISTIC_TRIES):
+            if snapshot is None:
+                snapshot, fresh = self._snapshot(pool), True
+            txn = _Transaction(None, pool, self._decision_time(snapshot, fresh), max(snapshot.revision, 1), self,
+                               _rows={r.request_id: r for r in snapshot.rows})
+            try:
+                result = body(txn)
+            except Exception:
+                if fresh:
+                    raise
+                snapshot = None   # decided on what may be an old view: decide again on a read
+                continue
+            if not txn.changes():
+                if fresh:
+                    return result
+                snapshot = None
+                continue
+            missed = self._write_if_current(txn, snapshot)
+            if missed is None:
+                return result
+            snapshot, fresh = missed, True
+        return self._transact_locked(pool, body)
+
+    def _transact_locked(self, pool: str, body: Callable[[PoolTransaction], _T]) -> _T:
+        """The fallback of a pool too busy for optimism: hold its row lock while reading, deciding and writing."""
+        self._snapshots.pop(pool, None)
+        with self._errors(f"lock pool {pool!r}"), self.engine.begin() as conn:
+            conn.exec_driver_sql(pg_statements.LOCK, {"pool": pool})
+            snapshot = self._snapshot(pool, conn)
+            txn = _Transaction(None, pool, self._decision_time(snapshot, True), max(snapshot.revision, 1), self,
+                               _rows={r.request_id: r for r in snapshot.rows})
+            result = body(txn)
+            if txn.changes() and self._write_if_current(txn, snapshot, conn) is not None:
+                raise LeaseStoreError(f"pool {pool!r} changed while its row was locked: is another writer "
+                                      "bypassing the lease store?")
+            return result
+
+    def _snapshot(self, pool: str, conn: Connection | None = None) -> _Snapshot:
+        """The pool now, in one statement (remembered for this process's next operation on it)."""
+        def read(c: Connection) -> _Snapshot:
+            return self._snapshot_of(pool, list(c.exec_driver_sql(pg_statements.SNAPSHOT, {"pool": pool})))
+        return read(conn) if conn is not None else self._reads(f"read pool {pool!r}", read)
+
+    def _snapshot_of(self, pool: str, result: list[Any]) -> _Snapshot:
+        head = result[0]
+        self._clock_offset = float(head.db_now) - time.time()
+        snapshot = _Snapshot(revision=int(head.seen_seq or 0), rows=[self._row(r) for r in result if r.request_id],
+                             now=float(head.db_now) if self.clock is None else float(self.clock()),
+                             changed_at=float(head.seen_at or 0.0))
+        self._remember(pool, snapshot)
+        return snapshot
+
+    def _remember(self, pool: str, snapshot: _Snapshot) -> None:
+        if len(self._snapshots) > 1_000 and pool not in self._snapshots:
+            self._snapshots.clear()
+        self._snapshots[pool] = snapshot
+
+    def _decision_time(self, snapshot: _Snapshot, fresh: bool) -> float:
+        """The time a decision is made at: the injected clock; else the database's clock as read with
+        ``snapshot``, or estimated from this host's clock for a remembered one. An estimate is never before
+        the pool's last write (its times stay ordered) and is checked against the database's clock by the
+        write, which misses when it would run ahead of it (an expiry must never come early)."""
+        if self.clock is not None:
+            return float(self.clock())
+        if fresh:
+            return snapshot.now
+        return max(time.time() + self._clock_offset, snapshot.changed_at)
+
+    def _write_if_current(self, txn: _Transaction, snapshot: _Snapshot, conn: Connection | None = None
+                          ) -> _Snapshot | None:
+        """Write ``txn``'s changes if the pool is still at ``snapshot``'s revision: ``None`` when they landed
+        (the pool after them is remembered), else the pool as the statement found it.
+
+        A write whose connection turned out dead (a database restart) is safe to try again, unlike a plain
+        transaction whose COMMIT may have landed unseen: the pool, read anew, shows whether this write landed
+        (the revision and time it wrote); if it did not, the caller decides again on that read.
+        """
+        revision = max(txn.reserved_to, snapshot.revision + 1)
+        params = {"pool": txn.pool, "expected": snapshot.revision, "next_seq": revision, "now": txn.now,
+                  "unchecked": self.clock is not None, **txn.changes_as_json()}
+        try:
+            if conn is not None:
+                result = list(conn.exec_driver_sql(pg_statements.WRITE, params))
+            else:
+                with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as auto:
+                    result = list(auto.exec_driver_sql(pg_statements.WRITE, params))
+        except DBAPIError as exc:
+            self._snapshots.pop(txn.pool, None)
+            if conn is not None or not exc.connection_invalidated:
+                raise self._failed(f"change pool {txn.pool!r}", exc) from exc
+            found = self._snapshot(txn.pool)
+            if found.revision == revision and found.changed_at == txn.now:
+                return None   # it landed before the connection went: what is remembered now is after it
+            return found
+        except SQLAlchemyError as exc:
+            self._snapshots.pop(txn.pool, None)
+            raise self._failed(f"change pool {txn.pool!r}", exc) from exc
+        if result[0].applied is not None:
+            self._clock_offset = float(result[0].db_now) - time.time()
+            self._remember(txn.pool, _Snapshot(int(result[0].applied), txn.rows(), txn.now, txn.now))
+            return None
+        return self._snapshot_of(txn.pool, result)
+
     @contextmanager
     def _locked(self, pool: str) -> Iterator[PoolTransaction]:
         with self._writer_queue(), self._errors(f"lock pool {pool!r}"), self.engine.begin() as conn:
             next_seq, now = self._lock_pool(conn, pool)
             txn = _Transaction(conn, pool, now, next_seq, self)
+            txn.reserved_until = next_seq + 1   # the lock statement reserved one arrival number
             yield txn
             txn.flush()
 
@@ -169,6 +293,10 @@ class SqlLeaseStore(LeaseStore):
         return int(found[0]) - 1, float(found[1])
 
     def _read(self, pool: str) -> tuple[list[Row], float]:
+        if self.dialect == "postgresql":   # the same read an optimistic operation starts from: remembered
+            snapshot = self._snapshot(pool)
+            return snapshot.rows, snapshot.now
+
         def read(conn: Connection) -> tuple[list[Row], float]:
             query = sa.select(*_ROW_COLUMNS, self._now().label("now")).where(
                 leases_table.c.pool == pool).order_by(leases_table.c.seq)
@@ -280,8 +408,10 @@ class SqlLeaseStore(LeaseStore):
             raise self._failed(action, exc) from exc
 
     def _failed(self, action: str, exc: SQLAlchemyError) -> LeaseStoreError:
+        """The typed error, with the driver's own message where there is one (not the statement's text)."""
+        cause = str(exc.orig).strip() if isinstance(exc, DBAPIError) and exc.orig is not None else str(exc)
         return LeaseStoreError(f"lease store ({self.dialect if hasattr(self, 'dialect') else 'sql'}) could not "
-                               f"{action}: {exc}")
+                               f"{action}: {cause}")
 
 
 _RECORD_COLUMNS = (leases_table.c.request_id, leases_table.c.pool, leases_table.c.table_key, leases_table.c.owner,
@@ -343,15 +473,27 @@ def _event(row: Any) -> AuditEvent:
                       event_id=int(row.event_id))
 
 
+@dataclass(frozen=True)
+class _Snapshot:
+    """A pool as one statement read it: its revision (``next_seq``; 0 before its first request), live rows in
+    arrival order, the database's clock then, and the time of its last write."""
+
+    revision: int
+    rows: list[Row]
+    now: float
+    changed_at: float
+
+
 @dataclass
 class _Transaction:
-    """The pool's rows, read once under the lock; changes are buffered and written at commit in few statements.
+    """The pool's rows, read once (under the lock, or given from a snapshot); changes are buffered and written
+    at the end in few statements (SQLite, under its lock) or in one (PostgreSQL, ``changes_as_json``).
 
     Statements are round trips, and a pool's lock is held for all of them: an acquire writes one
     INSERT of the request in its final state and one multi-row INSERT of its audit events.
     """
 
-    conn: Connection
+    conn: Connection | None
     pool: str
     now: float
     _next_seq: int
@@ -364,13 +506,33 @@ class _Transaction:
     _loaded_revisions: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self._reserved_end = self._next_seq + 1   # the lock statement reserved one arrival number
+        self.reserved_until = self._next_seq   # arrival numbers below this one are already taken
+        if self._rows is not None:
+            self._loaded_revisions = {i: row.revision for i, row in self._rows.items()}
 
     def rows(self) -> list[Row]:
         return sorted(self._loaded().values(), key=lambda r: r.record.seq)
 
+    def changes(self) -> bool:
+        """Whether anything is to be written."""
+        return bool(self._inserted or self._changed or self._deleted or self._events
+                    or self._next_seq > self.reserved_until)
+
+    def changes_as_json(self) -> dict[str, Any]:
+        """The changes as the parameters of ``pg_statements.WRITE``."""
+        rows = self._rows or {}
+        updates = [{"request_id": r.request_id, **_changed_values(r),
+                    "request": r.request.json_text if r.revision != self._loaded_revisions.get(r.request_id) else None}
+                   for r in self._changed.values()]
+        events = [{"n": n, "at": e.at, "pool": e.pool, "table_key": e.table, "request_id": e.request_id,
+                   "owner": e.owner, "kind": e.kind.value, "summary": e.summary, "detail": e.detail}
+                  for n, e in enumerate(self._events)]
+        return {"inserts": json.dumps([_values(rows[i]) for i in sorted(self._inserted)]),
+                "updates": json.dumps(updates), "deletes": sorted(self._deleted), "events": json.dumps(events)}
+
     def _loaded(self) -> dict[str, Row]:
         if self._rows is None:
+            assert self.conn is not None, "a transaction without a connection is given its rows"
             query = sa.select(*_ROW_COLUMNS).where(leases_table.c.pool == self.pool).order_by(leases_table.c.seq)
             self._rows = {r.request_id: self.store._row(r) for r in self.conn.execute(query)}
             self._loaded_revisions = {i: row.revision for i, row in self._rows.items()}
@@ -380,6 +542,11 @@ class _Transaction:
         seq = self._next_seq
         self._next_seq += 1
         return seq
+
+    @property
+    def reserved_to(self) -> int:
+        """The first arrival number this transaction did not hand out."""
+        return self._next_seq
 
     def insert(self, row: Row) -> None:
         self._loaded()[row.request_id] = row
@@ -402,6 +569,7 @@ class _Transaction:
         self._events.append(event)
 
     def flush(self) -> None:
+        assert self.conn is not None
         rows = self._rows or {}
         if self._inserted:
             self.conn.execute(leases_table.insert(), [_values(rows[i]) for i in sorted(self._inserted)])
@@ -418,7 +586,7 @@ class _Transaction:
             self.conn.execute(audit_table.insert(), [
                 {"at": e.at, "pool": e.pool, "table_key": e.table, "request_id": e.request_id, "owner": e.owner,
                  "kind": e.kind.value, "summary": e.summary, "detail": e.detail} for e in self._events])
-        if self._next_seq > self._reserved_end:
+        if self._next_seq > self.reserved_until:
             self.conn.execute(pools_table.update().where(pools_table.c.name == self.pool)
                               .values(next_seq=self._next_seq))
 

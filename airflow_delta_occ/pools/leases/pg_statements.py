@@ -1,0 +1,93 @@
+"""The two PostgreSQL statements of the optimistic lease store: a pool's snapshot, and a write that lands only
+on the snapshot it was decided on.
+
+Each is one round trip in autocommit mode. The write bumps the pool row's ``next_seq`` (its revision) only if
+it still holds the revision the decision read; every other change of the statement (new requests, changed
+and deleted rows, audit events) is filtered on that bump, so either all of it lands or none of it does.
+When the bump finds another revision, the same statement returns the pool as its own snapshot saw it: the
+caller decides again on those rows without another read.
+
+Why it is safe: every change to a pool's rows is made by a statement that bumps its pool row, and the
+bump's row lock is taken before any lease row is touched (the other changes wait on the bump through a
+one-time filter). A statement that finds ``next_seq`` unchanged after taking that lock therefore writes
+on exactly the rows its decision read, and holds the lock only while the statement runs, never while a
+client decides.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+#: The columns of ``delta_occ_leases`` a decision reads, in ``sql._ROW_COLUMNS`` order.
+ROW_COLUMNS: Final = ("request_id", "pool", "table_key", "owner", "seq", "status", "summary", "requested_at",
+                      "granted_at", "expires_at", "revision", "model", "max_writers", "ttl", "request", "blocker")
+
+_SELECTED = ", ".join(f"l.{name}" for name in ROW_COLUMNS)
+
+#: The pool's revision (NULL: no pool row yet), its last write's time, the database's clock now, and its live
+#: rows in arrival order (one row of NULLs when it has none). ``%(pool)s``.
+SNAPSHOT = f"""
+SELECT p.next_seq AS seen_seq, p.changed_at AS seen_at, extract(epoch FROM clock_timestamp()) AS db_now,
+       NULL::bigint AS applied, {_SELECTED}
+FROM (SELECT 1) AS one
+LEFT JOIN delta_occ_lease_pools AS p ON p.name = %(pool)s
+LEFT JOIN delta_occ_leases AS l ON l.pool = %(pool)s
+ORDER BY l.seq
+"""
+
+#: The conditional write. Parameters: ``pool``, ``expected`` (the revision read; 0 for a pool without a
+#: row), ``next_seq`` (the revision after the write), ``now`` (the decision's time), ``unchecked`` (true when
+#: the store's clock is injected: ``now`` is then not compared with the database's clock), and the changes as
+#: JSON arrays (``inserts``, ``updates``, ``events``) and a text array (``deletes``). ``applied`` is the new
+#: revision when it landed; otherwise NULL, with the pool as this statement's snapshot saw it.
+WRITE = f"""
+WITH bump AS (
+    INSERT INTO delta_occ_lease_pools AS p (name, next_seq, changed_at)
+    SELECT %(pool)s, %(next_seq)s, %(now)s
+    WHERE %(unchecked)s OR %(now)s <= extract(epoch FROM clock_timestamp())
+    ON CONFLICT (name) DO UPDATE SET next_seq = EXCLUDED.next_seq, changed_at = EXCLUDED.changed_at
+    WHERE p.next_seq = %(expected)s
+    RETURNING p.next_seq
+), inserted AS (
+    INSERT INTO delta_occ_leases (request_id, pool, table_key, owner, seq, revision, status, summary, model,
+                                  max_writers, ttl, request, requested_at, granted_at, expires_at, blocker)
+    SELECT v.request_id, v.pool, v.table_key, v.owner, v.seq, v.revision, v.status, v.summary, v.model,
+           v.max_writers, v.ttl, v.request, v.requested_at, v.granted_at, v.expires_at, v.blocker
+    FROM jsonb_to_recordset(%(inserts)s::jsonb) AS v(
+        request_id text, pool text, table_key text, owner text, seq bigint, revision integer, status text,
+        summary text, model text, max_writers integer, ttl double precision, request text,
+        requested_at double precision, granted_at double precision, expires_at double precision, blocker text)
+    WHERE EXISTS (SELECT FROM bump)
+), updated AS (
+    UPDATE delta_occ_leases AS l
+    SET status = v.status, granted_at = v.granted_at, expires_at = v.expires_at, revision = v.revision,
+        summary = v.summary, blocker = v.blocker, request = COALESCE(v.request, l.request)
+    FROM jsonb_to_recordset(%(updates)s::jsonb) AS v(
+        request_id text, status text, granted_at double precision, expires_at double precision, revision integer,
+        summary text, blocker text, request text)
+    WHERE l.request_id = v.request_id AND EXISTS (SELECT FROM bump)
+), deleted AS (
+    DELETE FROM delta_occ_leases WHERE request_id = ANY(%(deletes)s) AND EXISTS (SELECT FROM bump)
+), audited AS (
+    INSERT INTO delta_occ_lease_audit (at, pool, table_key, request_id, owner, kind, summary, detail)
+    SELECT v.at, v.pool, v.table_key, v.request_id, v.owner, v.kind, v.summary, v.detail
+    FROM jsonb_to_recordset(%(events)s::jsonb) AS v(
+        n integer, at double precision, pool text, table_key text, request_id text, owner text, kind text,
+        summary text, detail text)
+    WHERE EXISTS (SELECT FROM bump)
+    ORDER BY v.n
+)
+SELECT p.next_seq AS seen_seq, p.changed_at AS seen_at, extract(epoch FROM clock_timestamp()) AS db_now,
+       b.next_seq AS applied, {_SELECTED}
+FROM (SELECT 1) AS one
+LEFT JOIN bump AS b ON true
+LEFT JOIN delta_occ_lease_pools AS p ON p.name = %(pool)s
+LEFT JOIN delta_occ_leases AS l ON l.pool = %(pool)s AND b.next_seq IS NULL
+ORDER BY l.seq
+"""
+
+#: Takes the pool's row lock for the locked fallback (a new pool's row is made first). ``%(pool)s``.
+LOCK = """
+INSERT INTO delta_occ_lease_pools (name, next_seq) VALUES (%(pool)s, 1) ON CONFLICT (name) DO NOTHING;
+SELECT next_seq FROM delta_occ_lease_pools WHERE name = %(pool)s FOR UPDATE
+"""

@@ -1,0 +1,132 @@
+"""The optimistic PostgreSQL lease store: one round trip per operation, and never a decision on rows that moved.
+
+Each process remembers a pool as it last saw it and decides on that; its write lands only if the pool is still
+at that revision. These tests make the remembered view old on purpose (another store, standing in for another
+process, changes the pool in between) and check that every outcome is the one the pool's current rows give:
+a grant that would conflict is not made, a release or renewal of a request another process made is not
+refused, and a host clock running ahead never moves an expiry earlier. The whole contract also runs with the
+optimistic writes turned off, so the locked fallback a busy pool takes is proven the same way.
+"""
+
+# ruff: noqa: F811 - the contract's fixtures are parameters of the tests
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+
+from airflow_delta_occ.pools.leases import sql
+from airflow_delta_occ.pools.leases.base import LeaseStore
+from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
+from airflow_delta_occ.pools.requests import AuditKind, LeaseStatus
+
+from ..unit.pools.contract import Clock, LeaseStoreContract, Request, request_for, table  # noqa: F401 - fixtures of the contract
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def stores(postgres_url: str) -> Iterator[tuple[SqlLeaseStore, SqlLeaseStore]]:
+    """Two stores on one database: two processes, each with its own view of the pools."""
+    with SqlLeaseStore(postgres_url) as one, SqlLeaseStore(postgres_url) as other:
+        yield one, other
+
+
+def statements(store: SqlLeaseStore) -> list[str]:
+    """Every statement ``store`` sends from now on (each is one round trip)."""
+    sent: list[str] = []
+    sa.event.listen(store.engine, "before_cursor_execute",
+                    lambda _conn, _cursor, statement, *_: sent.append(statement.strip().split()[0]))
+    return sent
+
+
+def test_acquire_and_release_are_one_round_trip_each(stores: tuple[SqlLeaseStore, SqlLeaseStore],
+                                                     request_for: Request) -> None:
+    store, _ = stores
+    neighbour = store.acquire(request_for("neighbour", "UPDATE", "country = 'FR'"))   # judged by every acquire
+    sent = statements(store)
+    for i in range(3):
+        state = store.acquire(request_for(f"w{i}", "UPDATE", "country = 'DE'"))
+        assert state.granted
+        assert store.release(state.request_id, f"w{i}")
+    assert sent == ["WITH"] * 6, sent
+    assert neighbour.granted and [r.owner for r in store.holders(pool="sales")] == ["neighbour"]
+
+
+def test_a_grant_decided_on_an_old_view_is_not_made(stores: tuple[SqlLeaseStore, SqlLeaseStore],
+                                                    request_for: Request) -> None:
+    mine, theirs = stores
+    mine.acquire(request_for("a", "UPDATE", "country = 'FR'"))   # mine now remembers the pool
+    held = theirs.acquire(request_for("b", "UPDATE", "country = 'DE'"))
+    assert held.granted
+    # On mine's remembered view DE is free; the pool has moved, so the write misses and the request is decided
+    # again on the rows that write returned.
+    late = mine.acquire(request_for("c", "DELETE", "country = 'DE'"))
+    assert late.status is LeaseStatus.WAITING
+    assert [b.owner for b in late.blockers] == ["b"]
+    assert [r.owner for r in mine.holders(pool="sales")] == ["a", "b"]
+
+
+def test_a_release_or_renewal_of_a_request_made_elsewhere_is_decided_on_a_read(
+        stores: tuple[SqlLeaseStore, SqlLeaseStore], request_for: Request) -> None:
+    """A waiter is asked for in a worker, polled by a triggerer, resumed in a worker: views differ."""
+    worker, triggerer = stores
+    holder = triggerer.acquire(request_for("holder", "UPDATE", "country = 'DE'"))
+    waiting = triggerer.acquire(request_for("task", "DELETE", "country = 'DE'"))
+    assert worker.poll(waiting.request_id, "task").status is LeaseStatus.WAITING   # worker's view: waiting
+    assert triggerer.release(holder.request_id, "holder")     # grants the task, unseen by the worker
+    renewed = worker.renew(waiting.request_id, "task")        # waiting on the old view, granted in the pool
+    assert renewed.status is LeaseStatus.GRANTED
+    other = triggerer.acquire(request_for("other", "UPDATE", "country = 'IT'"))
+    assert worker.release(other.request_id, "other")          # gone from nothing: the worker never saw it
+    kinds = [(e.owner, e.kind) for e in triggerer.history(pool="sales", limit=20)]
+    assert ("task", AuditKind.RENEW) in kinds and ("other", AuditKind.RELEASE) in kinds
+
+
+def test_a_host_clock_ahead_of_the_database_never_expires_a_lease_early(
+        stores: tuple[SqlLeaseStore, SqlLeaseStore], request_for: Request) -> None:
+    fast, other = stores
+    held = other.acquire(request_for("holder", "UPDATE", "country = 'DE'", ttl=3.0))
+    fast.acquire(request_for("a", "UPDATE", "country = 'FR'"))   # fast remembers the pool (and the clocks)
+    fast._clock_offset += 60.0   # as if this host's clock jumped a minute ahead since
+    sent = statements(fast)
+    late = fast.acquire(request_for("b", "DELETE", "country = 'DE'"))
+    # On the estimated time the holder had expired; the write missed on the database's clock instead, and the
+    # request was decided again on that clock: the holder is still there and the request waits for it.
+    assert sent == ["WITH", "WITH"], sent
+    assert late.status is LeaseStatus.WAITING
+    assert other.renew(held.request_id, "holder").status is LeaseStatus.GRANTED
+    with other.engine.connect() as conn:
+        now = conn.exec_driver_sql("SELECT extract(epoch FROM clock_timestamp())").scalar_one()
+    assert max(e.at for e in other.history(pool="sales", limit=20)) <= float(now)
+
+
+def test_events_of_a_pool_keep_their_order_in_time(stores: tuple[SqlLeaseStore, SqlLeaseStore],
+                                                   request_for: Request) -> None:
+    one, other = stores
+    for i in range(10):
+        store = (one, other)[i % 2]
+        state = store.acquire(request_for(f"w{i}", "UPDATE", "country = 'DE'"))
+        store.release(state.request_id, f"w{i}")
+    events = one.history(pool="sales", limit=100)
+    assert len(events) == 30
+    assert [e.at for e in events] == sorted(e.at for e in events)
+
+
+class TestLockedFallback(LeaseStoreContract):
+    """The whole contract with every operation on the locked path a busy pool falls back to."""
+
+    @pytest.fixture(autouse=True)
+    def _no_optimism(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(sql, "OPTIMISTIC_TRIES", 0)
+
+    @pytest.fixture
+    def store(self, postgres_url: str) -> Iterator[LeaseStore]:
+        with SqlLeaseStore(postgres_url) as store:
+            yield store
+
+    @pytest.fixture
+    def clocked_store(self, postgres_url: str, clock: Clock) -> Iterator[LeaseStore]:
+        with SqlLeaseStore(postgres_url, clock=clock) as store:
+            yield store

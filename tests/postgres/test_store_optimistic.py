@@ -54,6 +54,19 @@ def test_acquire_and_release_are_one_round_trip_each(stores: tuple[SqlLeaseStore
     assert neighbour.granted and [r.owner for r in store.holders(pool="sales")] == ["neighbour"]
 
 
+def test_a_pool_others_write_is_locked_for_two_round_trips_until_it_is_quiet_again(
+        stores: tuple[SqlLeaseStore, SqlLeaseStore], request_for: Request) -> None:
+    one, other = stores
+    first = one.acquire(request_for("a", "UPDATE", "country = 'FR'"))   # one remembers the pool
+    other.acquire(request_for("b", "UPDATE", "country = 'IT'"))         # and the pool moves on
+    sent = statements(one)
+    second = one.acquire(request_for("c", "UPDATE", "country = 'DE'"))  # misses, then decides under the lock
+    assert one.release(second.request_id, "c")          # locked again; nobody else wrote in between
+    assert one.release(first.request_id, "a")           # so this one is optimistic again
+    assert sent == ["WITH", "BEGIN;", "WITH", "BEGIN;", "WITH", "WITH"], sent
+    assert [r.owner for r in other.records(pool="sales")] == ["b"]
+
+
 def test_a_grant_decided_on_an_old_view_is_not_made(stores: tuple[SqlLeaseStore, SqlLeaseStore],
                                                     request_for: Request) -> None:
     mine, theirs = stores
@@ -93,8 +106,8 @@ def test_a_host_clock_ahead_of_the_database_never_expires_a_lease_early(
     sent = statements(fast)
     late = fast.acquire(request_for("b", "DELETE", "country = 'DE'"))
     # On the estimated time the holder had expired; the write missed on the database's clock instead, and the
-    # request was decided again on that clock: the holder is still there and the request waits for it.
-    assert sent == ["WITH", "WITH"], sent
+    # request was decided again under the pool's lock on that clock: the holder is still there, it waits.
+    assert sent == ["WITH", "BEGIN;", "WITH"], sent
     assert late.status is LeaseStatus.WAITING
     assert other.renew(held.request_id, "holder").status is LeaseStatus.GRANTED
     with other.engine.connect() as conn:
@@ -119,7 +132,7 @@ class TestLockedFallback(LeaseStoreContract):
 
     @pytest.fixture(autouse=True)
     def _no_optimism(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr(sql, "OPTIMISTIC_TRIES", 0)
+        monkeypatch.setattr(sql, "OPTIMISTIC", False)
 
     @pytest.fixture
     def store(self, postgres_url: str) -> Iterator[LeaseStore]:

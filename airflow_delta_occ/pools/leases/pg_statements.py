@@ -86,8 +86,11 @@ LEFT JOIN delta_occ_leases AS l ON l.pool = %(pool)s AND b.next_seq IS NULL
 ORDER BY l.seq
 """
 
-#: Takes the pool's row lock for the locked fallback (a new pool's row is made first). ``%(pool)s``.
-LOCK = """
+#: Opens a transaction, takes the pool's row lock (a new pool's row is made first), then reads the pool: after
+#: the lock, so the read is current. One round trip (several statements in one message); the caller sends
+#: ``WRITE`` with ``COMMIT`` next, or ``ROLLBACK``. ``%(pool)s``.
+LOCK = f"""
+BEGIN;
 INSERT INTO delta_occ_lease_pools (name, next_seq) VALUES (%(pool)s, 1) ON CONFLICT (name) DO NOTHING;
-SELECT next_seq FROM delta_occ_lease_pools WHERE name = %(pool)s FOR UPDATE
-"""
+SELECT FROM delta_occ_lease_pools WHERE name = %(pool)s FOR UPDATE;
+{SNAPSHOT}"""

@@ -143,3 +143,15 @@ class TestLockedFallback(LeaseStoreContract):
     def clocked_store(self, postgres_url: str, clock: Clock) -> Iterator[LeaseStore]:
         with SqlLeaseStore(postgres_url, clock=clock) as store:
             yield store
+
+
+def test_a_store_made_before_the_optimistic_writes_gains_their_column(postgres_url: str,
+                                                                      request_for: Request) -> None:
+    """Tables created by an earlier release have no ``changed_at``: the first store opened adds it."""
+    with SqlLeaseStore(postgres_url) as old:
+        held = old.acquire(request_for("a", "UPDATE", "country = 'DE'"))
+        with old.engine.begin() as conn:
+            conn.exec_driver_sql("ALTER TABLE delta_occ_lease_pools DROP COLUMN changed_at")
+    with SqlLeaseStore(postgres_url) as new:
+        assert new.release(held.request_id, "a")
+        assert new.acquire(request_for("b", "UPDATE", "country = 'DE'")).granted

@@ -480,15 +480,20 @@ _ROW_COLUMNS = (*_RECORD_COLUMNS, leases_table.c.revision, leases_table.c.model,
                 leases_table.c.ttl, leases_table.c.request, leases_table.c.blocker)
 
 
+#: Columns added since the tables were first created: (table, column, SQL type).
+_ADDED_COLUMNS = (("delta_occ_leases", "blocker", "TEXT"), ("delta_occ_lease_pools", "changed_at", "DOUBLE PRECISION"))
+
+
 def _add_missing_columns(conn: Connection, dialect: str) -> None:
     """Columns added since the tables were first created (``create_all`` adds tables, not columns)."""
-    present = {c["name"] for c in sa.inspect(conn).get_columns(leases_table.name)}
-    if "blocker" not in present:
+    for table_name, column, sql_type in _ADDED_COLUMNS:
+        if column in {c["name"] for c in sa.inspect(conn).get_columns(table_name)}:
+            continue
         exists = " IF NOT EXISTS" if dialect == "postgresql" else ""
         try:
-            conn.exec_driver_sql(f"ALTER TABLE {leases_table.name} ADD COLUMN{exists} blocker TEXT")
+            conn.exec_driver_sql(f"ALTER TABLE {table_name} ADD COLUMN{exists} {column} {sql_type}")
         except SQLAlchemyError:   # SQLite: another process added it first (no IF NOT EXISTS there)
-            if "blocker" not in {c["name"] for c in sa.inspect(conn).get_columns(leases_table.name)}:
+            if column not in {c["name"] for c in sa.inspect(conn).get_columns(table_name)}:
                 raise
 
 

@@ -247,6 +247,61 @@ def main_runs(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     return report
 
 
+def waiting_run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Every flat MERGE waiting at once, deferred: the cost of WRITERS waiting requests to the triggerers and the
+    lease store, measured over a window of ``--window`` seconds once they all wait.
+
+    This process holds the flat table first (a whole-table OPTIMIZE's footprint, expected to hold an hour, so
+    each waiter defers at once instead of waiting in a worker's slot first) and renews it while the MERGEs
+    arrive; nothing is written. The full flat run measures hand-overs; this one the waiting.
+    """
+    from airflow_delta_occ.engine import DeltaLog
+    from airflow_delta_occ.engine.planner import TableState, plan_footprint
+    from airflow_delta_occ.pools.config import normalize_table
+    from airflow_delta_occ.pools.requests import LeaseRequest
+
+    with deployment_for(work, days=1, writers=args.writers, hold="", concurrency=args.concurrency, ttl=args.ttl,
+                        heartbeat=args.heartbeat) as (deployment, store, leases, root):
+        snapshot = DeltaLog.for_table(str(root / "flat")).snapshot()
+        holder = store.acquire(LeaseRequest.of(
+            pool=scale.POOL, table=normalize_table(str(root / "flat")), owner="bench holder",
+            footprint=plan_footprint(snapshot, "OPTIMIZE", None, label="bench holder"),
+            table_state=TableState.of(snapshot), ttl=args.ttl, expected_hold=3600.0))
+        assert holder.granted, holder
+        stop = threading.Event()
+
+        def renew() -> None:
+            while not stop.wait(args.heartbeat):
+                store.renew(holder.request_id, "bench holder")
+
+        renewer = threading.Thread(target=renew, daemon=True)
+        renewer.start()
+        sampler = Sampler(deployment, store, leases)
+        sampling = threading.Thread(target=sampler.run, daemon=True)
+        sampling.start()
+        started = time.time()
+        deployment.trigger(scale.FLAT, "waiting")
+        all_waiting = None
+        while time.time() - started < args.timeout and renewer.is_alive():
+            if scale.flat_waiters(store) >= args.writers:
+                all_waiting = time.time()
+                break
+            time.sleep(5)
+        time.sleep(args.window)
+        sampler.stopped.set()
+        sampling.join(10)
+        held_throughout = renewer.is_alive()   # a failed renewal ends the thread (and the waiting)
+        stop.set()
+        states: dict[str, int] = {}
+        for ti in deployment.task_instances(scale.FLAT, "waiting"):
+            states[str(ti["state"])] = states.get(str(ti["state"]), 0) + 1
+        figures = {"writers": args.writers, "states_at_end": states, "held_throughout": held_throughout,
+                   "seconds_until_all_wait": None if all_waiting is None else round(all_waiting - started, 1),
+                   "waiting": sampler.waiting_window(), "top_statements": sampler.top_statements()}
+        print("waiting", json.dumps(figures, default=str), flush=True)
+        return figures
+
+
 def fault_run(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     hold = "flat:first" if name == "worker" else ""
     with deployment_for(work, days=args.fault_days, writers=args.fault_writers, hold=hold,
@@ -298,6 +353,15 @@ def render(args: argparse.Namespace, report: dict[str, Any]) -> str:
                   f"{w.get('seconds')} s): both triggerers together used {w.get('triggerer_cpu_pct')}% of one core, "
                   f"the lease store's PostgreSQL server {w.get('store_cpu_pct')}% of one core for "
                   f"{w.get('store_qps')} queries/s (every process's, waiting tasks in workers included).", ""]
+    if waiting := report.get("waiting"):
+        w = waiting.get("waiting") or {}
+        lines += [f"**{waiting['writers']} MERGEs waiting at once** behind one lease this benchmark holds on the "
+                  f"unpartitioned table (an OPTIMIZE's footprint, expected to hold an hour, so each waiter defers at "
+                  f"once): all waited {waiting['seconds_until_all_wait']} s after the trigger. Over {w.get('seconds')} "
+                  f"s with {w.get('mean_waiting')} waiting on average (most {w.get('most_waiting')}): both triggerers "
+                  f"together used {w.get('triggerer_cpu_pct')}% of one core, the lease store's PostgreSQL server "
+                  f"{w.get('store_cpu_pct')}% of one core for {w.get('store_qps')} queries/s. Task states at the "
+                  f"end: {json.dumps(waiting['states_at_end'])}.", ""]
     if faults := report.get("faults"):
         lines += ["| fault | what happened | run | retried tries | leases expired | problems |",
                   "|---|---|---|---|---|---|"]
@@ -323,6 +387,9 @@ def main() -> None:
     parser.add_argument("--dags", type=lambda text: tuple(f"delta_occ_scale_{d}" for d in text.split(",")),
                         default=(scale.DATED, scale.FLAT), help="main runs: dated,flat (default), dated or flat")
     parser.add_argument("--no-main", action="store_true", help="only the fault runs")
+    parser.add_argument("--waiting", action="store_true",
+                        help="also run WRITERS MERGEs that all wait behind one held lease, and measure the waiting")
+    parser.add_argument("--window", type=float, default=120.0, help="seconds measured once every MERGE waits")
     parser.add_argument("--no-write", action="store_true", help="print, do not write docs/benchmarks.md")
     args = parser.parse_args()
     report: dict[str, Any] = {}
@@ -330,6 +397,8 @@ def main() -> None:
         if not args.no_main:
             report.update(main_runs(args, Path(tmp) / "main"))
             print(render(args, report), flush=True)   # the main figures, should a fault run break
+        if args.waiting:
+            report["waiting"] = waiting_run(args, Path(tmp) / "waiting")
         faults = [f for f in args.faults.split(",") if f and f != "none"]
         report["faults"] = {}
         for name in faults:

@@ -301,6 +301,8 @@ class SqlLeaseStore(LeaseStore):
 
     @contextmanager
     def _locked(self, pool: str) -> Iterator[PoolTransaction]:
+        """SQLite's transaction (``BEGIN IMMEDIATE``: the database's write lock); PostgreSQL has ``_transact``."""
+        assert self.dialect == "sqlite", "PostgreSQL operations run through _transact"
         with self._writer_queue(), self._errors(f"lock pool {pool!r}"), self.engine.begin() as conn:
             next_seq, now = self._lock_pool(conn, pool)
             txn = _Transaction(conn, pool, now, next_seq, self)
@@ -330,21 +332,15 @@ class SqlLeaseStore(LeaseStore):
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
     def _lock_pool(self, conn: Connection, pool: str) -> tuple[int, float]:
-        """Lock the pool's row, reserve one arrival number and read the clock: one statement.
-
-        The UPDATE takes the row lock (PostgreSQL) inside the write transaction (SQLite's BEGIN
-        IMMEDIATE already holds the database's); gaps in the numbers are harmless, order is what counts.
+        """Reserve one arrival number and read the clock in one statement, inside SQLite's write lock (``BEGIN
+        IMMEDIATE`` holds it); gaps in the numbers are harmless, order is what counts.
         """
         bump = (pools_table.update().where(pools_table.c.name == pool)
                 .values(next_seq=pools_table.c.next_seq + 1)
                 .returning(pools_table.c.next_seq, self._now()))
         found = conn.execute(bump).first()
         if found is None:
-            if self.dialect == "postgresql":
-                from sqlalchemy.dialects.postgresql import insert as pg_insert
-                conn.execute(pg_insert(pools_table).values(name=pool, next_seq=1).on_conflict_do_nothing())
-            else:
-                conn.execute(pools_table.insert().values(name=pool, next_seq=1))  # BEGIN IMMEDIATE holds the lock
+            conn.execute(pools_table.insert().values(name=pool, next_seq=1))
             found = conn.execute(bump).first()
             assert found is not None
         return int(found[0]) - 1, float(found[1])

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 
+from airflow_delta_occ.exceptions import LeaseStoreError
 from airflow_delta_occ.pools.leases import sql
 from airflow_delta_occ.pools.leases.base import LeaseStore
 from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
@@ -63,7 +64,7 @@ def test_a_pool_others_write_is_locked_for_two_round_trips_until_it_is_quiet_aga
     second = one.acquire(request_for("c", "UPDATE", "country = 'DE'"))  # misses, then decides under the lock
     assert one.release(second.request_id, "c")          # locked again; nobody else wrote in between
     assert one.release(first.request_id, "a")           # so this one is optimistic again
-    assert sent == ["WITH", "BEGIN;", "WITH", "BEGIN;", "WITH", "WITH"], sent
+    assert sent == ["WITH", "BEGIN", "WITH", "BEGIN", "WITH", "WITH"], sent
     assert [r.owner for r in other.records(pool="sales")] == ["b"]
 
 
@@ -107,7 +108,7 @@ def test_a_host_clock_ahead_of_the_database_never_expires_a_lease_early(
     late = fast.acquire(request_for("b", "DELETE", "country = 'DE'"))
     # On the estimated time the holder had expired; the write missed on the database's clock instead, and the
     # request was decided again under the pool's lock on that clock: the holder is still there, it waits.
-    assert sent == ["WITH", "BEGIN;", "WITH"], sent
+    assert sent == ["WITH", "BEGIN", "WITH"], sent
     assert late.status is LeaseStatus.WAITING
     assert other.renew(held.request_id, "holder").status is LeaseStatus.GRANTED
     with other.engine.connect() as conn:
@@ -155,3 +156,33 @@ def test_a_store_made_before_the_optimistic_writes_gains_their_column(postgres_u
     with SqlLeaseStore(postgres_url) as new:
         assert new.release(held.request_id, "a")
         assert new.acquire(request_for("b", "UPDATE", "country = 'DE'")).granted
+
+
+def test_a_locked_operation_that_fails_leaves_no_transaction_behind(postgres_url: str, request_for: Request,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review: the locked path's BEGIN is the server's; a lock wait cut short (here ``lock_timeout``) left the
+    pooled connection inside an aborted transaction, and every later statement on it failed."""
+    monkeypatch.setattr(sql, "OPTIMISTIC", False)
+    options = {"connect_args": {"options": "-c lock_timeout=300"}, "pool_size": 1, "max_overflow": 0}
+    with SqlLeaseStore(postgres_url) as other, SqlLeaseStore(postgres_url, engine_options=options) as store:
+        other.acquire(request_for("first", "UPDATE", "country = 'FR'"))
+        with other.engine.begin() as blocking:   # another session holds the pool's row lock
+            blocking.exec_driver_sql("SELECT 1 FROM delta_occ_lease_pools WHERE name = 'sales' FOR UPDATE")
+            with pytest.raises(LeaseStoreError, match="lock timeout"):
+                store.acquire(request_for("late", "UPDATE", "country = 'DE'"))
+        state = store.acquire(request_for("late", "UPDATE", "country = 'DE'"))   # the same pooled connection
+        assert state.granted
+        assert [r.owner for r in other.holders(pool="sales")] == ["first", "late"]   # it landed for everybody
+        with store.engine.connect() as conn:
+            status = conn.connection.dbapi_connection.info.transaction_status  # type: ignore[union-attr]
+        assert status == 0   # idle: no transaction left open
+
+
+def test_only_the_psycopg2_driver_is_taken_and_a_bare_url_uses_it(postgres_url: str, request_for: Request) -> None:
+    bare = sa.engine.make_url(postgres_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with SqlLeaseStore(bare) as store:
+        assert store.engine.dialect.driver == "psycopg2"
+        assert store.acquire(request_for("a", "UPDATE", "country = 'DE'")).granted
+    other = sa.engine.make_url(postgres_url).set(drivername="postgresql+pg8000").render_as_string(hide_password=False)
+    with pytest.raises(LeaseStoreError, match="needs the psycopg2 driver"):
+        SqlLeaseStore(other)

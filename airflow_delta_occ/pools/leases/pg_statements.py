@@ -4,8 +4,7 @@ on the snapshot it was decided on.
 Each is one round trip in autocommit mode. The write bumps the pool row's ``next_seq`` (its revision) only if
 it still holds the revision the decision read; every other change of the statement (new requests, changed
 and deleted rows, audit events) is filtered on that bump, so either all of it lands or none of it does.
-When the bump finds another revision, the same statement returns the pool as its own snapshot saw it: the
-caller decides again on those rows without another read.
+The bump also stores the write's token, so a writer whose connection died can tell whether it landed.
 
 Why it is safe: every change to a pool's rows is made by a statement that bumps its pool row, and the
 bump's row lock is taken before any lease row is touched (the other changes wait on the bump through a
@@ -24,11 +23,11 @@ ROW_COLUMNS: Final = ("request_id", "pool", "table_key", "owner", "seq", "status
 
 _SELECTED = ", ".join(f"l.{name}" for name in ROW_COLUMNS)
 
-#: The pool's revision (NULL: no pool row yet), its last write's time, the database's clock now, and its live
-#: rows in arrival order (one row of NULLs when it has none). ``%(pool)s``.
+#: The pool's revision (NULL: no pool row yet), its last write's time and token, the database's clock now, and
+#: its live rows in arrival order (one row of NULLs when it has none). ``%(pool)s``.
 SNAPSHOT = f"""
-SELECT p.next_seq AS seen_seq, p.changed_at AS seen_at, extract(epoch FROM clock_timestamp()) AS db_now,
-       NULL::bigint AS applied, {_SELECTED}
+SELECT p.next_seq AS seen_seq, p.changed_at AS seen_at, p.write_token AS seen_token,
+       extract(epoch FROM clock_timestamp()) AS db_now, {_SELECTED}
 FROM (SELECT 1) AS one
 LEFT JOIN delta_occ_lease_pools AS p ON p.name = %(pool)s
 LEFT JOIN delta_occ_leases AS l ON l.pool = %(pool)s
@@ -36,16 +35,17 @@ ORDER BY l.seq
 """
 
 #: The conditional write. Parameters: ``pool``, ``expected`` (the revision read; 0 for a pool without a
-#: row), ``next_seq`` (the revision after the write), ``now`` (the decision's time), ``unchecked`` (true when
-#: the store's clock is injected: ``now`` is then not compared with the database's clock), and the changes as
-#: JSON arrays (``inserts``, ``updates``, ``events``) and a text array (``deletes``). ``applied`` is the new
-#: revision when it landed; otherwise NULL, with the pool as this statement's snapshot saw it.
-WRITE = f"""
+#: row), ``next_seq`` (the revision after the write), ``now`` (the decision's time), ``token`` (this write's),
+#: ``unchecked`` (true when ``now`` need not be compared with the database's clock: an injected clock, or a
+#: time read under the pool's lock), and the changes as JSON arrays (``inserts``, ``updates``, ``events``) and
+#: a text array (``deletes``). One row: ``applied``, the new revision (NULL: nothing landed), and ``db_now``.
+WRITE = """
 WITH bump AS (
-    INSERT INTO delta_occ_lease_pools AS p (name, next_seq, changed_at)
-    SELECT %(pool)s, %(next_seq)s, %(now)s
+    INSERT INTO delta_occ_lease_pools AS p (name, next_seq, changed_at, write_token)
+    SELECT %(pool)s, %(next_seq)s, %(now)s, %(token)s
     WHERE %(unchecked)s OR %(now)s <= extract(epoch FROM clock_timestamp())
-    ON CONFLICT (name) DO UPDATE SET next_seq = EXCLUDED.next_seq, changed_at = EXCLUDED.changed_at
+    ON CONFLICT (name) DO UPDATE SET next_seq = EXCLUDED.next_seq, changed_at = EXCLUDED.changed_at,
+                                     write_token = EXCLUDED.write_token
     WHERE p.next_seq = %(expected)s
     RETURNING p.next_seq
 ), inserted AS (
@@ -77,20 +77,14 @@ WITH bump AS (
     WHERE EXISTS (SELECT FROM bump)
     ORDER BY v.n
 )
-SELECT p.next_seq AS seen_seq, p.changed_at AS seen_at, extract(epoch FROM clock_timestamp()) AS db_now,
-       b.next_seq AS applied, {_SELECTED}
-FROM (SELECT 1) AS one
-LEFT JOIN bump AS b ON true
-LEFT JOIN delta_occ_lease_pools AS p ON p.name = %(pool)s
-LEFT JOIN delta_occ_leases AS l ON l.pool = %(pool)s AND b.next_seq IS NULL
-ORDER BY l.seq
+SELECT (SELECT next_seq FROM bump) AS applied, extract(epoch FROM clock_timestamp()) AS db_now
 """
 
 #: Opens a transaction, takes the pool's row lock (a new pool's row is made first), then reads the pool: after
 #: the lock, so the read is current. One round trip (several statements in one message); the caller sends
 #: ``WRITE`` with ``COMMIT`` next, or ``ROLLBACK``. ``%(pool)s``.
 LOCK = f"""
-BEGIN;
+BEGIN ISOLATION LEVEL READ COMMITTED;
 INSERT INTO delta_occ_lease_pools (name, next_seq) VALUES (%(pool)s, 1) ON CONFLICT (name) DO NOTHING;
 SELECT FROM delta_occ_lease_pools WHERE name = %(pool)s FOR UPDATE;
 {SNAPSHOT}"""

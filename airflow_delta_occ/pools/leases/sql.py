@@ -4,7 +4,7 @@ Atomicity comes from the database:
 
 * PostgreSQL: optimistic. An operation decides on the pool as this process last saw it (or reads it), then
   writes with one statement that lands only if the pool row's revision is still the one its decision read
-  (``pg_statements``); otherwise that statement returns the pool as it is, and the operation decides again.
+  (``pg_statements``); otherwise nothing lands, and the operation decides again under the pool's lock.
   One round trip per operation while nobody else changes the pool in between, and no lock is held while a
   client decides. A process whose write missed takes the pool row's lock (``SELECT ... FOR UPDATE``) for
   its next operations on that pool, two round trips each, so a pool many processes write still makes
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
@@ -54,7 +55,8 @@ pools_table = sa.Table(
     "delta_occ_lease_pools", metadata,
     sa.Column("name", sa.String(200), primary_key=True),
     sa.Column("next_seq", sa.BigInteger, nullable=False),
-    sa.Column("changed_at", sa.Float(53), nullable=True),   # the time of its last optimistic write (PostgreSQL)
+    sa.Column("changed_at", sa.Float(53), nullable=True),   # the time of its last write (PostgreSQL)
+    sa.Column("write_token", sa.String(32), nullable=True),   # the token of its last write (PostgreSQL)
 )
 leases_table = sa.Table(
     "delta_occ_leases", metadata,
@@ -149,28 +151,31 @@ class SqlLeaseStore(LeaseStore):
         """
         if self.dialect != "postgresql":
             return super()._transact(pool, body)
-        snapshot = self._snapshots.get(pool) if OPTIMISTIC and pool not in self._busy else None
-        fresh = False
-        while snapshot is not None:
-            txn = self._transaction(pool, snapshot, fresh)
-            try:
-                result = body(txn)
-            except Exception:
-                if fresh:
-                    raise
-                snapshot, fresh = self._snapshot(pool), True   # decided on an old view: decide again on a read
-                continue
-            if not txn.changes():
-                if fresh:
+        if OPTIMISTIC and pool not in self._busy:
+            snapshot = self._snapshots.get(pool)
+            fresh = snapshot is None
+            if snapshot is None:
+                snapshot = self._snapshot(pool)
+            while True:
+                txn = self._transaction(pool, snapshot, fresh)
+                try:
+                    result = body(txn)
+                except Exception:
+                    if fresh:
+                        raise
+                    snapshot, fresh = self._snapshot(pool), True   # decided on an old view: decide again on a read
+                    continue
+                if not txn.changes():
+                    if fresh:
+                        return result
+                    snapshot, fresh = self._snapshot(pool), True
+                    continue
+                if self._write_if_current(txn, snapshot):
+                    self.writes["landed"] += 1
                     return result
-                snapshot, fresh = self._snapshot(pool), True
-                continue
-            if self._write_if_current(txn, snapshot) is None:
-                self.writes["landed"] += 1
-                return result
-            self.writes["missed"] += 1
-            self._busy.add(pool)
-            break
+                self.writes["missed"] += 1
+                self._busy.add(pool)
+                break
         self.writes["locked"] += 1
         return self._transact_locked(pool, body)
 
@@ -180,50 +185,48 @@ class SqlLeaseStore(LeaseStore):
 
     def _transact_locked(self, pool: str, body: Callable[[PoolTransaction], _T]) -> _T:
         """``body`` with the pool's row held locked from its read to its write: two round trips, whoever else
-        is writing the pool (``BEGIN``, the lock and the read in one; the write and ``COMMIT`` in the other)."""
+        is writing the pool (``BEGIN``, the lock and the read in one; the write and ``COMMIT`` in the other).
+
+        The transaction is the server's (``BEGIN`` sent on an autocommit connection), so every way out that
+        did not commit sends ``ROLLBACK`` itself, and a connection that cannot is thrown away: none goes back
+        to the pool inside a transaction, holding the pool's lock. A pooled connection the server had dropped
+        fails before anything ran: one more try on a new one.
+        """
         with self._errors(f"lock pool {pool!r}"):
-            conn, snapshot = self._lock(pool)
-            with conn:
-                if self._written.get(pool) == snapshot.revision:
-                    self._busy.discard(pool)   # nobody else wrote it since this process did: optimism pays again
-                open_transaction = True
+            for attempt in (1, 2):
+                conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+                ended = False
                 try:
+                    try:
+                        rows = list(conn.exec_driver_sql(pg_statements.LOCK, {"pool": pool}))
+                    except DBAPIError as exc:
+                        if attempt == 1 and exc.connection_invalidated:
+                            continue
+                        raise
+                    snapshot = self._snapshot_of(pool, rows)
+                    if self._written.get(pool) == snapshot.revision:
+                        self._busy.discard(pool)   # nobody else wrote it since this process did: optimism again
                     txn = self._transaction(pool, snapshot, True)
                     result = body(txn)
-                    if not txn.changes():
-                        return result
-                    revision = txn.revision_after(snapshot.revision)
-                    try:
-                        conn.exec_driver_sql(f"{pg_statements.WRITE};\nCOMMIT",
-                                             self._write_params(txn, snapshot, revision))
-                    except DBAPIError as exc:
-                        if not exc.connection_invalidated:
+                    if txn.changes():
+                        revision, token = txn.revision_after(snapshot.revision), uuid.uuid4().hex
+                        # Its time is the database's, read under the lock: no clock check to miss on.
+                        params = self._write_params(txn, snapshot, revision, token, checked=False)
+                        try:
+                            conn.exec_driver_sql(f"{pg_statements.WRITE};\nCOMMIT", params)
+                        except DBAPIError as exc:
+                            if exc.connection_invalidated:
+                                ended = True   # the server ended the transaction: committed, or not
+                                if self._landed(pool, token):
+                                    return result
                             raise
-                        open_transaction = False   # the server ended it: committed, or not
-                        if self._landed(txn, revision):
-                            return result
-                        raise
-                    open_transaction = False
-                    self._remember_written(pool, _Snapshot(revision, txn.rows(), txn.now, txn.now))
+                        ended = True
+                        self._remember_written(pool, _Snapshot(revision, txn.rows(), txn.now, txn.now, token))
                     return result
                 finally:
-                    if open_transaction:
-                        conn.exec_driver_sql("ROLLBACK")
-
-    def _lock(self, pool: str) -> tuple[Connection, _Snapshot]:
-        """An autocommit connection inside ``BEGIN`` with ``pool``'s row locked, and the pool read after the lock
-        was taken. A pooled connection the server had dropped fails before anything ran: one more try."""
-        for attempt in (1, 2):
-            conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-            try:
-                return conn, self._snapshot_of(pool, list(conn.exec_driver_sql(pg_statements.LOCK, {"pool": pool})))
-            except DBAPIError as exc:
-                conn.close()
-                if attempt == 2 or not exc.connection_invalidated:
-                    raise
-            except BaseException:
-                conn.close()
-                raise
+                    if not ended:
+                        _roll_back(conn)
+                    conn.close()
         raise AssertionError("unreachable")
 
     def _snapshot(self, pool: str, conn: Connection | None = None) -> _Snapshot:
@@ -237,7 +240,7 @@ class SqlLeaseStore(LeaseStore):
         self._clock_offset = float(head.db_now) - time.time()
         snapshot = _Snapshot(revision=int(head.seen_seq or 0), rows=[self._row(r) for r in result if r.request_id],
                              now=float(head.db_now) if self.clock is None else float(self.clock()),
-                             changed_at=float(head.seen_at or 0.0))
+                             changed_at=float(head.seen_at or 0.0), token=head.seen_token)
         self._remember(pool, snapshot)
         return snapshot
 
@@ -263,41 +266,44 @@ class SqlLeaseStore(LeaseStore):
             return snapshot.now
         return max(time.time() + self._clock_offset, snapshot.changed_at)
 
-    def _write_if_current(self, txn: _Transaction, snapshot: _Snapshot) -> _Snapshot | None:
-        """Write ``txn``'s changes if the pool is still at ``snapshot``'s revision: ``None`` when they landed
-        (the pool after them is remembered), else the pool as the statement found it.
+    def _write_if_current(self, txn: _Transaction, snapshot: _Snapshot) -> bool:
+        """Write ``txn``'s changes if the pool is still at ``snapshot``'s revision (and ``txn``'s time is not
+        ahead of the database's clock); whether they landed (then the pool after them is remembered).
 
-        A write whose connection turned out dead (a database restart) is safe to try again, unlike a plain
-        transaction whose COMMIT may have landed unseen: the pool, read anew, shows whether this write landed
-        (the revision and time it wrote); if it did not, the caller decides again on that read.
+        A write whose connection turned out dead (a database restart) is safe to decide again, unlike a plain
+        transaction whose COMMIT may have landed unseen: the pool, read anew, carries the token of the last
+        write that landed, so this one is known to have landed, or not to have.
         """
-        revision = txn.revision_after(snapshot.revision)
+        revision, token = txn.revision_after(snapshot.revision), uuid.uuid4().hex
+        params = self._write_params(txn, snapshot, revision, token, checked=self.clock is None)
         try:
             with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-                result = list(conn.exec_driver_sql(pg_statements.WRITE, self._write_params(txn, snapshot, revision)))
+                answer = conn.exec_driver_sql(pg_statements.WRITE, params).one()
         except DBAPIError as exc:
+            self._snapshots.pop(txn.pool, None)
             if not exc.connection_invalidated:
-                self._snapshots.pop(txn.pool, None)
                 raise self._failed(f"change pool {txn.pool!r}", exc) from exc
-            return None if self._landed(txn, revision) else self._snapshots[txn.pool]
+            return self._landed(txn.pool, token)
         except SQLAlchemyError as exc:
             self._snapshots.pop(txn.pool, None)
             raise self._failed(f"change pool {txn.pool!r}", exc) from exc
-        if result[0].applied is not None:
-            self._clock_offset = float(result[0].db_now) - time.time()
-            self._remember_written(txn.pool, _Snapshot(revision, txn.rows(), txn.now, txn.now))
-            return None
-        return self._snapshot_of(txn.pool, result)
+        self._clock_offset = float(answer.db_now) - time.time()
+        if answer.applied is None:
+            return False
+        self._remember_written(txn.pool, _Snapshot(revision, txn.rows(), txn.now, txn.now, token))
+        return True
 
-    def _write_params(self, txn: _Transaction, snapshot: _Snapshot, revision: int) -> dict[str, Any]:
+    @staticmethod
+    def _write_params(txn: _Transaction, snapshot: _Snapshot, revision: int, token: str, *, checked: bool
+                      ) -> dict[str, Any]:
         return {"pool": txn.pool, "expected": snapshot.revision, "next_seq": revision, "now": txn.now,
-                "unchecked": self.clock is not None, **txn.changes_as_json()}
+                "token": token, "unchecked": not checked, **txn.changes_as_json()}
 
-    def _landed(self, txn: _Transaction, revision: int) -> bool:
-        """Whether ``txn``'s write landed, its answer lost with the connection: the pool read anew carries the
-        revision and time that write set (and is remembered either way)."""
-        found = self._snapshot(txn.pool)
-        return found.revision == revision and found.changed_at == txn.now
+    def _landed(self, pool: str, token: str) -> bool:
+        """Whether the write with ``token`` landed, its answer lost with the connection: only the last write's
+        token is kept, so a write that others followed since counts as not landed (decided again: a release
+        then finds its lease gone, a renewal renews once more)."""
+        return self._snapshot(pool).token == token
 
     @contextmanager
     def _locked(self, pool: str) -> Iterator[PoolTransaction]:
@@ -360,8 +366,8 @@ class SqlLeaseStore(LeaseStore):
         return self._reads(f"read pool {pool!r}", read)
 
     def revision(self, pool: str) -> int:
-        """The pool row's ``next_seq``: every locked operation bumps it (``_lock_pool``), so it moves on
-        every change, and reading it takes no lock."""
+        """The pool row's ``next_seq``: every write bumps it (PostgreSQL: ``pg_statements.WRITE``; SQLite: every
+        locked operation, ``_lock_pool``), so it moves on every change, and reading it takes no lock."""
         found = self._reads(f"read pool {pool!r}", lambda conn: conn.execute(
             sa.select(pools_table.c.next_seq).where(pools_table.c.name == pool)).scalar())
         return 0 if found is None else int(found)
@@ -477,7 +483,8 @@ _ROW_COLUMNS = (*_RECORD_COLUMNS, leases_table.c.revision, leases_table.c.model,
 
 
 #: Columns added since the tables were first created: (table, column, SQL type).
-_ADDED_COLUMNS = (("delta_occ_leases", "blocker", "TEXT"), ("delta_occ_lease_pools", "changed_at", "DOUBLE PRECISION"))
+_ADDED_COLUMNS = (("delta_occ_leases", "blocker", "TEXT"), ("delta_occ_lease_pools", "changed_at", "DOUBLE PRECISION"),
+                  ("delta_occ_lease_pools", "write_token", "VARCHAR(32)"))
 
 
 def _add_missing_columns(conn: Connection, dialect: str) -> None:
@@ -534,12 +541,13 @@ def _event(row: Any) -> AuditEvent:
 @dataclass(frozen=True)
 class _Snapshot:
     """A pool as one statement read it: its revision (``next_seq``; 0 before its first request), live rows in
-    arrival order, the database's clock then, and the time of its last write."""
+    arrival order, the database's clock then, and the time and token of its last write."""
 
     revision: int
     rows: list[Row]
     now: float
     changed_at: float
+    token: str | None = None   # the last write's (``pg_statements.WRITE``): tells whether a write landed
 
 
 @dataclass
@@ -690,7 +698,12 @@ def _engine(url: str, options: dict[str, Any]) -> Engine:
         sa.event.listen(engine, "connect", _sqlite_connect)
         sa.event.listen(engine, "begin", _sqlite_begin)
         return engine
-    batched = {"executemany_mode": "values_plus_batch"} if parsed.get_driver_name() == "psycopg2" else {}
+    if "+" not in parsed.drivername:   # a bare postgresql:// means psycopg 3 to SQLAlchemy 2.1: use the installed one
+        parsed = parsed.set(drivername="postgresql+psycopg2")
+    if parsed.get_driver_name() != "psycopg2":
+        raise LeaseStoreError(f"the PostgreSQL lease store needs the psycopg2 driver (postgresql+psycopg2://...), "
+                              f"not {parsed.get_driver_name()!r}: its statements are sent as psycopg2 sends them")
+    batched = {"executemany_mode": "values_plus_batch"}
     engine = sa.create_engine(parsed, **{"pool_size": 2, "max_overflow": 4, "pool_recycle": 1800, **batched,
                                          **options})
     sa.event.listen(engine, "checkin", _note_checkin)
@@ -702,8 +715,37 @@ def _engine(url: str, options: dict[str, Any]) -> Engine:
 IDLE_PING_SECONDS = 5.0
 
 
-def _note_checkin(_dbapi_connection: Any, record: Any) -> None:
+def _note_checkin(dbapi_connection: Any, record: Any) -> None:
+    """Note when the connection went idle; end a transaction it still has open, or throw it away.
+
+    ``SqlLeaseStore._transact_locked`` ends its own transactions; this is the guard behind it: SQLAlchemy's
+    reset on return cannot end a transaction opened with a ``BEGIN`` statement on an autocommit connection,
+    and a connection pooled inside one would keep the pool's lock and turn later autocommit writes into
+    writes nobody commits.
+    """
     record.info["delta_occ_idle_since"] = time.monotonic()
+    status = getattr(getattr(dbapi_connection, "info", None), "transaction_status", _IDLE)
+    if status in (_IN_TRANSACTION, _IN_FAILED_TRANSACTION):
+        try:
+            cursor = dbapi_connection.cursor()
+            try:
+                cursor.execute("ROLLBACK")
+            finally:
+                cursor.close()
+        except Exception as exc:   # the driver's own error types
+            record.invalidate(exc)
+
+
+# psycopg2's ``connection.info.transaction_status`` values (``psycopg2.extensions.TRANSACTION_STATUS_*``).
+_IDLE, _IN_TRANSACTION, _IN_FAILED_TRANSACTION = 0, 2, 3
+
+
+def _roll_back(conn: Connection) -> None:
+    """End the server-side transaction on ``conn``; a connection that cannot is thrown away (never pooled)."""
+    try:
+        conn.exec_driver_sql("ROLLBACK")
+    except SQLAlchemyError:
+        conn.invalidate()
 
 
 def _ping_if_idle(dbapi_connection: Any, record: Any, _proxy: Any) -> None:

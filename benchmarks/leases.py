@@ -305,13 +305,15 @@ def instrument(store: SqlLeaseStore) -> Meter:
 
 
 def lock_held(trips: list[tuple[str, float, float]]) -> float:
-    """Seconds the pool's lock was held: from the statement that takes it (``UPDATE pools ... RETURNING`` on
-    PostgreSQL, ``BEGIN IMMEDIATE`` on SQLite) returning, to the ``COMMIT`` returning."""
+    """Seconds the pool's lock was held: from the statement that takes it returning (SQLite's ``BEGIN
+    IMMEDIATE``, PostgreSQL's ``... FOR UPDATE`` on the locked path) to the one that commits returning (``COMMIT``,
+    or PostgreSQL's write that ends with it); on PostgreSQL's optimistic path, its write statement's round trip
+    (the row lock lives inside that statement, so this bounds it)."""
     taken = next((end for what, _, end in trips if what == "BEGIN IMMEDIATE" or what.endswith("FOR UPDATE")), None)
-    committed = next((end for what, _, end in trips if what == "COMMIT"), None)
-    if taken is None or committed is None:   # PostgreSQL's optimistic path: the lock lives in its write statement
+    if taken is None:
         return sum(end - start for what, start, end in trips if what == "conditional write")
-    return committed - taken
+    released = next((end for what, _, end in trips if what in ("COMMIT", "conditional write") and end > taken), None)
+    return 0.0 if released is None else released - taken
 
 
 def server_cpu(data_dir: Path | None) -> float | None:

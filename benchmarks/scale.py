@@ -391,6 +391,9 @@ def main() -> None:
                         help="also run WRITERS MERGEs that all wait behind one held lease, and measure the waiting")
     parser.add_argument("--window", type=float, default=120.0, help="seconds measured once every MERGE waits")
     parser.add_argument("--no-write", action="store_true", help="print, do not write docs/benchmarks.md")
+    parser.add_argument("--section", default="scale",
+                        help="the docs/benchmarks.md section written (scale: the default run; scale-thousand: the "
+                             "thousand-task runs, which take hours here and run apart)")
     args = parser.parse_args()
     report: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench_scale_") as tmp:
@@ -411,7 +414,7 @@ def main() -> None:
     text = render(args, report)
     print(text)
     if not args.no_write:
-        write_section("scale", "Scale: thousand-task backfills and faults on Celery", text)
+        write_section(args.section, "Scale: thousand-task backfills and faults on Celery", text)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ store: memory, SQLite, PostgreSQL):
    those rows are still the pool's rows when they are written (``LeaseStore._transact``): under the
    pool's lock (the database write lock on SQLite, a mutex in memory), or on PostgreSQL optimistically,
    with one statement that writes only if the pool's revision is still the one read (and otherwise
-   decides again on the rows that statement returns). No decision lands on rows that have moved.
+   decides again under the pool's row lock). No decision lands on rows that have moved.
 4. **Fairness.** Waiting requests are judged in arrival order (``arbiter.decide``): a request is
    not overtaken by a later one it conflicts with, except by one expected to end before it could
    start anyway (the arbiter's rule 2a, bounded); one that conflicts with nobody is granted at once.
@@ -300,7 +300,7 @@ class LeaseStore(ABC):
         return answers
 
     def _poll_due(self, txn: PoolTransaction, pending: Sequence[tuple[str, str]]
-                     ) -> tuple[dict[str, LeaseState], dict[str, LeaseOwnershipError], list[Row]]:
+                  ) -> tuple[dict[str, LeaseState], dict[str, LeaseOwnershipError], list[Row]]:
         """The transaction of ``_poll_pool``: each owner's heartbeat, then one decision; each owned request's
         state, the refusals, and the rows after it.
 

@@ -357,7 +357,11 @@ def render(args: argparse.Namespace, report: dict[str, Any]) -> str:
         w = waiting.get("waiting") or {}
         lines += [f"**{waiting['writers']} MERGEs waiting at once** behind one lease this benchmark holds on the "
                   f"unpartitioned table (an OPTIMIZE's footprint, expected to hold an hour, so each waiter defers at "
-                  f"once): all waited {waiting['seconds_until_all_wait']} s after the trigger. Over {w.get('seconds')} "
+                  f"once): "
+                  + (f"all waited {waiting['seconds_until_all_wait']} s after the trigger. "
+                     if waiting['seconds_until_all_wait'] is not None else
+                     f"not all were waiting when the arrival cap (`--timeout`, {args.timeout:g} s) ran out. ")
+                  + f"Over {w.get('seconds')} "
                   f"s with {w.get('mean_waiting')} waiting on average (most {w.get('most_waiting')}): both triggerers "
                   f"together used {w.get('triggerer_cpu_pct')}% of one core, the lease store's PostgreSQL server "
                   f"{w.get('store_cpu_pct')}% of one core for {w.get('store_qps')} queries/s. Task states at the "

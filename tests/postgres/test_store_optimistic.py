@@ -18,11 +18,11 @@ import sqlalchemy as sa
 
 from airflow_delta_occ.exceptions import LeaseStoreError
 from airflow_delta_occ.pools.leases import sql
-from airflow_delta_occ.pools.leases.base import LeaseStore
 from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
 from airflow_delta_occ.pools.requests import AuditKind, LeaseStatus
 
-from ..unit.pools.contract import Clock, LeaseStoreContract, Request, request_for, table  # noqa: F401 - fixtures of the contract
+from ..unit.pools.contract import Request, request_for, table  # noqa: F401 - fixtures of the contract
+from . import test_store_contract as contract_tests  # a module: its class is not collected twice here
 
 pytestmark = pytest.mark.postgres
 
@@ -128,22 +128,12 @@ def test_events_of_a_pool_keep_their_order_in_time(stores: tuple[SqlLeaseStore, 
     assert [e.at for e in events] == sorted(e.at for e in events)
 
 
-class TestLockedFallback(LeaseStoreContract):
+class TestLockedFallback(contract_tests.TestPostgresStore):
     """The whole contract with every operation on the locked path a busy pool falls back to."""
 
     @pytest.fixture(autouse=True)
     def _no_optimism(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(sql, "OPTIMISTIC", False)
-
-    @pytest.fixture
-    def store(self, postgres_url: str) -> Iterator[LeaseStore]:
-        with SqlLeaseStore(postgres_url) as store:
-            yield store
-
-    @pytest.fixture
-    def clocked_store(self, postgres_url: str, clock: Clock) -> Iterator[LeaseStore]:
-        with SqlLeaseStore(postgres_url, clock=clock) as store:
-            yield store
 
 
 def test_a_store_made_before_the_optimistic_writes_gains_their_column(postgres_url: str,
@@ -186,3 +176,18 @@ def test_only_the_psycopg2_driver_is_taken_and_a_bare_url_uses_it(postgres_url: 
     other = sa.engine.make_url(postgres_url).set(drivername="postgresql+pg8000").render_as_string(hide_password=False)
     with pytest.raises(LeaseStoreError, match="needs the psycopg2 driver"):
         SqlLeaseStore(other)
+
+
+def test_hostile_text_in_a_request_is_stored_as_text(stores: tuple[SqlLeaseStore, SqlLeaseStore],
+                                                     request_for: Request) -> None:
+    """Owners, tables and summaries travel as JSON parameters of the write, never as statement text."""
+    one, other = stores
+    owner = "x'); DROP TABLE delta_occ_leases; -- %(pool)s ${var} \"q\" \\ é"
+    table_key = "s3://b/t'; DELETE FROM delta_occ_lease_audit; --"
+    state = one.acquire(request_for(owner, "UPDATE", "country = 'DE'", table_key=table_key))
+    assert state.granted
+    assert [(r.owner, r.table) for r in other.records(pool="sales")] == [(owner, table_key)]
+    assert one.release(state.request_id, owner)
+    assert [(e.owner, e.table, e.kind) for e in other.history(pool="sales")] == [
+        (owner, table_key, AuditKind.REQUEST), (owner, table_key, AuditKind.GRANT),
+        (owner, table_key, AuditKind.RELEASE)]

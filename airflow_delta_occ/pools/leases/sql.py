@@ -213,7 +213,7 @@ class SqlLeaseStore(LeaseStore):
                         # Its time is the database's, read under the lock: no clock check to miss on.
                         params = self._write_params(txn, snapshot, revision, token, checked=False)
                         try:
-                            conn.exec_driver_sql(f"{pg_statements.WRITE};\nCOMMIT", params)
+                            conn.exec_driver_sql(pg_statements.WRITE_AND_COMMIT, params)
                         except DBAPIError as exc:
                             if exc.connection_invalidated:
                                 ended = True   # the server ended the transaction: committed, or not
@@ -727,17 +727,22 @@ def _note_checkin(dbapi_connection: Any, record: Any) -> None:
     status = getattr(getattr(dbapi_connection, "info", None), "transaction_status", _IDLE)
     if status in (_IN_TRANSACTION, _IN_FAILED_TRANSACTION):
         try:
-            cursor = dbapi_connection.cursor()
-            try:
-                cursor.execute("ROLLBACK")
-            finally:
-                cursor.close()
+            _run(dbapi_connection, "ROLLBACK")
         except Exception as exc:   # the driver's own error types
             record.invalidate(exc)
 
 
 # psycopg2's ``connection.info.transaction_status`` values (``psycopg2.extensions.TRANSACTION_STATUS_*``).
 _IDLE, _IN_TRANSACTION, _IN_FAILED_TRANSACTION = 0, 2, 3
+
+
+def _run(dbapi_connection: Any, statement: str) -> None:
+    """One statement on a raw DBAPI connection (the pool's events get no SQLAlchemy connection)."""
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(statement)
+    finally:
+        cursor.close()
 
 
 def _roll_back(conn: Connection) -> None:
@@ -761,11 +766,7 @@ def _ping_if_idle(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
     if idle_since is None or time.monotonic() - idle_since < IDLE_PING_SECONDS:
         return
     try:
-        cursor = dbapi_connection.cursor()
-        try:
-            cursor.execute("SELECT 1")
-        finally:
-            cursor.close()
+        _run(dbapi_connection, "SELECT 1")
         dbapi_connection.rollback()
     except Exception as exc:   # the driver's own error types; the pool retries with a new connection
         raise DisconnectionError(f"idle connection is gone: {exc}") from exc

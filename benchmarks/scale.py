@@ -158,7 +158,7 @@ class Sampler:
 
 @contextmanager
 def deployment_for(work: Path, *, days: int, writers: int, hold: str, concurrency: int, ttl: float,
-                   heartbeat: float, faults: bool = False,
+                   heartbeat: float, faults: bool = False, extra: dict[str, str] | None = None,
                    ) -> Iterator[tuple[CeleryDeployment, LeaseStore, PostgresServer, Path]]:
     """Servers, tables, pool file and a started Celery deployment for one run of the backfills."""
     root = work / "lake"
@@ -183,7 +183,7 @@ def deployment_for(work: Path, *, days: int, writers: int, hold: str, concurrenc
             **delta_submit_conf(), **gate_session_conf(), "spark.hadoop.occ.armed.dir": str(root / "gate")}))
         settings = scale.airflow_settings(root, pools, spark_url=spark["url"], lease_url=lease_url, days=days,
                                           writers=writers, slots=concurrency, hold=hold,
-                                          quick_failure_detection=faults)
+                                          quick_failure_detection=faults) | (extra or {})
         deployment = stack.enter_context(CeleryDeployment(work / "airflow", metadata, scale.DAGS, settings=settings,
                                                           worker_concurrency=concurrency))
         store = stack.enter_context(SqlLeaseStore(lease_url))
@@ -251,9 +251,11 @@ def waiting_run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Every flat MERGE waiting at once, deferred: the cost of WRITERS waiting requests to the triggerers and the
     lease store, measured over a window of ``--window`` seconds once they all wait.
 
-    This process holds the flat table first (a whole-table OPTIMIZE's footprint, expected to hold an hour, so
-    each waiter defers at once instead of waiting in a worker's slot first) and renews it while the MERGEs
-    arrive; nothing is written. The full flat run measures hand-overs; this one the waiting.
+    This process holds the flat table first (a whole-table OPTIMIZE's footprint) and renews it while the MERGEs
+    arrive; nothing is written. Every wait defers at once (Airflow's ``[operators] default_deferrable``): with
+    no completed hold on the table the adaptive rule would first wait ``worker_wait`` seconds in a worker's
+    slot, reading the pool's revision every 50 ms, which slowed arrivals and filled the store's figures with
+    workers' reads. The full flat run measures hand-overs; this one the waiting.
     """
     from airflow_delta_occ.engine import DeltaLog
     from airflow_delta_occ.engine.planner import TableState, plan_footprint
@@ -261,7 +263,7 @@ def waiting_run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from airflow_delta_occ.pools.requests import LeaseRequest
 
     with deployment_for(work, days=1, writers=args.writers, hold="", concurrency=args.concurrency, ttl=args.ttl,
-                        heartbeat=args.heartbeat) as (deployment, store, leases, root):
+                        heartbeat=args.heartbeat, extra={"AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True"}) as (deployment, store, leases, root):
         snapshot = DeltaLog.for_table(str(root / "flat")).snapshot()
         holder = store.acquire(LeaseRequest.of(
             pool=scale.POOL, table=normalize_table(str(root / "flat")), owner="bench holder",

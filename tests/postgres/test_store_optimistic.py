@@ -98,6 +98,33 @@ def test_a_release_or_renewal_of_a_request_made_elsewhere_is_decided_on_a_read(
     assert ("task", AuditKind.RENEW) in kinds and ("other", AuditKind.RELEASE) in kinds
 
 
+def rows_received(store: SqlLeaseStore) -> list[int]:
+    """How many rows each statement ``store`` sends from now on brings back."""
+    got: list[int] = []
+    sa.event.listen(store.engine, "after_cursor_execute", lambda _conn, cursor, *_: got.append(cursor.rowcount))
+    return got
+
+
+def test_a_pool_read_brings_its_rows_only_when_they_moved_since_this_process_saw_them(
+        stores: tuple[SqlLeaseStore, SqlLeaseStore], request_for: Request) -> None:
+    """Issue #23: a triggerer polling many waiters read every row of the pool on each poll, changed or not."""
+    triggerer, worker = stores
+    holder = worker.acquire(request_for("holder", "UPDATE", "country = 'DE'"))
+    waiting = [triggerer.acquire(request_for(f"w{i}", "DELETE", f"country = 'DE' AND id = {i}")) for i in range(8)]
+    got = rows_received(triggerer)
+    for state in waiting:
+        assert triggerer.poll(state.request_id, state.record.owner if state.record else "").status \
+            is LeaseStatus.WAITING
+    assert got == [1] * 8, "the pool has not moved since the triggerer's own last write: no rows travel"
+    assert worker.release(holder.request_id, "holder")   # the pool moves: w0 is granted, unseen by the triggerer
+    got.clear()
+    first = triggerer.poll(waiting[0].request_id, "w0")
+    assert first.granted and got == [8], got               # all eight live rows, read again
+    second = triggerer.poll(waiting[1].request_id, "w1")
+    assert second.status is LeaseStatus.WAITING and [b.owner for b in second.blockers] == ["w0"]
+    assert got == [8, 1], got
+
+
 def test_a_host_clock_ahead_of_the_database_never_expires_a_lease_early(
         stores: tuple[SqlLeaseStore, SqlLeaseStore], request_for: Request) -> None:
     fast, other = stores

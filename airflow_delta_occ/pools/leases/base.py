@@ -289,6 +289,11 @@ class LeaseStore(ABC):
                 answers[request_id] = quiet
         if not pending:
             return answers
+        # The pool is written anyway: every request answered quietly renews its heartbeat in the same write, so
+        # a poller's heartbeats fall due together and its waiters cost the pool one write per third of a TTL,
+        # not one whenever any of them is due (each write moves the revision, and every watcher reads again).
+        pending += [(request_id, owner) for request_id, owner in items
+                    if isinstance(answers.get(request_id), LeaseState)]
         try:
             states, refused, after = self._transact(pool, lambda txn: self._poll_due(txn, pending))
         except _Refused as refusal:   # nobody here owns what it polled: nothing is changed (invariant 6)

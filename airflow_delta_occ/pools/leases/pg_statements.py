@@ -24,13 +24,15 @@ ROW_COLUMNS: Final = ("request_id", "pool", "table_key", "owner", "seq", "status
 _SELECTED = ", ".join(f"l.{name}" for name in ROW_COLUMNS)
 
 #: The pool's revision (NULL: no pool row yet), its last write's time and token, the database's clock now, and
-#: its live rows in arrival order (one row of NULLs when it has none). ``%(pool)s``.
+#: its live rows in arrival order (one row of NULLs when it has none, or when the revision is still ``known``:
+#: the caller has those rows already, as every change to them moves the revision). ``%(pool)s``, ``%(known)s``
+#: (-1: none known). A triggerer polling a thousand waiters of a pool nobody changed reads one short row.
 SNAPSHOT = f"""
 SELECT p.next_seq AS seen_seq, p.changed_at AS seen_at, p.write_token AS seen_token,
        extract(epoch FROM clock_timestamp()) AS db_now, {_SELECTED}
 FROM (SELECT 1) AS one
 LEFT JOIN delta_occ_lease_pools AS p ON p.name = %(pool)s
-LEFT JOIN delta_occ_leases AS l ON l.pool = %(pool)s
+LEFT JOIN delta_occ_leases AS l ON l.pool = %(pool)s AND p.next_seq IS DISTINCT FROM %(known)s
 ORDER BY l.seq
 """
 
@@ -85,7 +87,7 @@ WRITE_AND_COMMIT = f"{WRITE};\nCOMMIT"
 
 #: Opens a transaction, takes the pool's row lock (a new pool's row is made first), then reads the pool: after
 #: the lock, so the read is current. One round trip (several statements in one message); the caller sends
-#: ``WRITE`` with ``COMMIT`` next, or ``ROLLBACK``. ``%(pool)s``.
+#: ``WRITE`` with ``COMMIT`` next, or ``ROLLBACK``. ``%(pool)s``, ``%(known)s`` (as ``SNAPSHOT``).
 LOCK = f"""
 BEGIN ISOLATION LEVEL READ COMMITTED;
 INSERT INTO delta_occ_lease_pools (name, next_seq) VALUES (%(pool)s, 1) ON CONFLICT (name) DO NOTHING;

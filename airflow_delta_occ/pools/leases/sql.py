@@ -197,13 +197,14 @@ class SqlLeaseStore(LeaseStore):
                 conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
                 ended = False
                 try:
+                    known = self._snapshots.get(pool)
                     try:
-                        rows = list(conn.exec_driver_sql(pg_statements.LOCK, {"pool": pool}))
+                        rows = list(conn.exec_driver_sql(pg_statements.LOCK, _read_params(pool, known)))
                     except DBAPIError as exc:
                         if attempt == 1 and exc.connection_invalidated:
                             continue
                         raise
-                    snapshot = self._snapshot_of(pool, rows)
+                    snapshot = self._snapshot_of(pool, rows, known)
                     if self._written.get(pool) == snapshot.revision:
                         self._busy.discard(pool)   # nobody else wrote it since this process did: optimism again
                     txn = self._transaction(pool, snapshot, True)
@@ -230,15 +231,24 @@ class SqlLeaseStore(LeaseStore):
         raise AssertionError("unreachable")
 
     def _snapshot(self, pool: str, conn: Connection | None = None) -> _Snapshot:
-        """The pool now, in one statement (remembered for this process's next operation on it)."""
+        """The pool now, in one statement (remembered for this process's next operation on it). Its rows
+        travel only when the pool moved since this process last saw it."""
+        known = self._snapshots.get(pool)
+
         def read(c: Connection) -> _Snapshot:
-            return self._snapshot_of(pool, list(c.exec_driver_sql(pg_statements.SNAPSHOT, {"pool": pool})))
+            return self._snapshot_of(pool, list(c.exec_driver_sql(pg_statements.SNAPSHOT, _read_params(pool, known))),
+                                     known)
         return read(conn) if conn is not None else self._reads(f"read pool {pool!r}", read)
 
-    def _snapshot_of(self, pool: str, result: list[Any]) -> _Snapshot:
+    def _snapshot_of(self, pool: str, result: list[Any], known: _Snapshot | None) -> _Snapshot:
+        """The snapshot ``result`` (of ``SNAPSHOT`` or ``LOCK``, sent with ``known``) gives: ``known``'s rows
+        when the revision has not moved (the statement then sent none), else the rows it read."""
         head = result[0]
         self._clock_offset = float(head.db_now) - time.time()
-        snapshot = _Snapshot(revision=int(head.seen_seq or 0), rows=[self._row(r) for r in result if r.request_id],
+        revision = int(head.seen_seq or 0)
+        rows = (known.rows if known is not None and known.revision == revision
+                else [self._row(r) for r in result if r.request_id])
+        snapshot = _Snapshot(revision=revision, rows=rows,
                              now=float(head.db_now) if self.clock is None else float(self.clock()),
                              changed_at=float(head.seen_at or 0.0), token=head.seen_token)
         self._remember(pool, snapshot)
@@ -654,6 +664,11 @@ class _Transaction:
         if self._next_seq > self.reserved_until:
             self.conn.execute(pools_table.update().where(pools_table.c.name == self.pool)
                               .values(next_seq=self._next_seq))
+
+
+def _read_params(pool: str, known: _Snapshot | None) -> dict[str, Any]:
+    """Parameters of ``pg_statements.SNAPSHOT`` and ``LOCK``: the pool, and the revision whose rows are in hand."""
+    return {"pool": pool, "known": -1 if known is None else known.revision}
 
 
 def _changed_values(row: Row) -> dict[str, Any]:

@@ -401,6 +401,31 @@ class LeaseStoreContract:
                    for a in answers.values())
         assert len(met) <= 4 * len(waits), "about one partition lookup per answer, not one per earlier waiter"
 
+    def test_a_batched_poll_that_writes_renews_every_waiter_it_polled_so_their_heartbeats_fall_due_together(
+            self, clocked_store: LeaseStore, clock: Clock, request_for: Request,
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        """Issue #23: waiters that arrived at different times had their heartbeats fall due one by one, so with
+        a thousand waiters some write was due on nearly every poll, and every write made all watchers read again."""
+        store, ttl, t0 = clocked_store, 60.0, clock.now
+        store.acquire(request_for("holder", "UPDATE", "country = 'DE'", ttl=ttl))
+        waits = []
+        for i in range(6):   # one arrives every 5 s
+            clock.now = t0 + 5.0 * i
+            r = request_for(f"w{i}", "DELETE", f"country = 'DE' AND id = {i}", ttl=ttl)
+            waits.append((store.acquire(r).request_id, r))
+        clock.now = t0 + ttl / 3 + 1.0   # only w0's heartbeat (and w1's) is due
+        locks = record_calls(monkeypatch, store, "_transact")
+        answers = store.poll_many(waits)
+        assert len(locks) == 1
+        expiries = [a.record.expires_at for a in answers.values() if not isinstance(a, Exception) and a.record]
+        assert expiries == [_at(clock.now + ttl)] * 6, "every polled waiter renewed with the one write"
+        stored = [r.expires_at for r in store.records(pool="sales") if r.owner != "holder"]
+        assert stored == [_at(clock.now + ttl)] * 6
+        clock.now += ttl / 3 - 1.0   # before the next third of the TTL: nothing is due, nothing is written
+        locks.clear()
+        store.poll_many(waits)
+        assert locks == []
+
     def test_polling_many_renews_every_due_waiter_in_one_transaction(
             self, clocked_store: LeaseStore, clock: Clock, request_for: Request,
             monkeypatch: pytest.MonkeyPatch) -> None:

@@ -263,7 +263,8 @@ def waiting_run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from airflow_delta_occ.pools.requests import LeaseRequest
 
     with deployment_for(work, days=1, writers=args.writers, hold="", concurrency=args.concurrency, ttl=args.ttl,
-                        heartbeat=args.heartbeat, extra={"AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True"}) as (deployment, store, leases, root):
+                        heartbeat=args.heartbeat, extra={"AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True"},
+                        ) as (deployment, store, leases, root):
         snapshot = DeltaLog.for_table(str(root / "flat")).snapshot()
         holder = store.acquire(LeaseRequest.of(
             pool=scale.POOL, table=normalize_table(str(root / "flat")), owner="bench holder",

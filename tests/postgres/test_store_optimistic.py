@@ -21,7 +21,7 @@ from airflow_delta_occ.pools.leases import sql
 from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
 from airflow_delta_occ.pools.requests import AuditKind, LeaseStatus
 
-from ..unit.pools.contract import Request, request_for, table  # noqa: F401 - fixtures of the contract
+from ..unit.pools.contract import Clock, Request, request_for, table  # noqa: F401 - fixtures of the contract
 from . import test_store_contract as contract_tests  # a module: its class is not collected twice here
 
 pytestmark = pytest.mark.postgres
@@ -123,6 +123,18 @@ def test_a_pool_read_brings_its_rows_only_when_they_moved_since_this_process_saw
     second = triggerer.poll(waiting[1].request_id, "w1")
     assert second.status is LeaseStatus.WAITING and [b.owner for b in second.blockers] == ["w0"]
     assert got == [8, 1], got
+
+
+def test_a_replan_is_read_with_its_terms_by_another_process(postgres_url: str, request_for: Request) -> None:
+    """The re-plan's write carries its TTL (the contract's test cannot see it: one process remembers its rows)."""
+    clock = Clock(1_700_000_000.0)
+    with SqlLeaseStore(postgres_url, clock=clock) as worker, SqlLeaseStore(postgres_url, clock=clock) as triggerer:
+        worker.acquire(request_for("holder", "UPDATE", "country = 'DE'", ttl=600.0))
+        worker.acquire(request_for("waiter", "UPDATE", "country = 'DE'", ttl=60.0))
+        again = worker.acquire(request_for("waiter", "UPDATE", "country = 'DE' AND date = '2024-01-01'", ttl=300.0))
+        clock.now += 150.0
+        state = triggerer.poll(again.request_id, "waiter")
+        assert state.record is not None and state.record.expires_at == pytest.approx(clock.now + 300.0, abs=1e-3)
 
 
 def test_a_host_clock_ahead_of_the_database_never_expires_a_lease_early(

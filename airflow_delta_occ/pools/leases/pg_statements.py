@@ -63,10 +63,13 @@ WITH bump AS (
 ), updated AS (
     UPDATE delta_occ_leases AS l
     SET status = v.status, granted_at = v.granted_at, expires_at = v.expires_at, revision = v.revision,
-        summary = v.summary, blocker = v.blocker, request = COALESCE(v.request, l.request)
+        summary = v.summary, blocker = v.blocker, request = COALESCE(v.request, l.request),
+        model = CASE WHEN v.request IS NULL THEN l.model ELSE v.model END,
+        max_writers = CASE WHEN v.request IS NULL THEN l.max_writers ELSE v.max_writers END,
+        ttl = CASE WHEN v.request IS NULL THEN l.ttl ELSE v.ttl END
     FROM jsonb_to_recordset(%(updates)s::jsonb) AS v(
         request_id text, status text, granted_at double precision, expires_at double precision, revision integer,
-        summary text, blocker text, request text)
+        summary text, blocker text, request text, model text, max_writers integer, ttl double precision)
     WHERE l.request_id = v.request_id AND EXISTS (SELECT FROM bump)
 ), deleted AS (
     DELETE FROM delta_occ_leases WHERE request_id = ANY(%(deletes)s) AND EXISTS (SELECT FROM bump)

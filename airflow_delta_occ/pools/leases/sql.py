@@ -598,7 +598,8 @@ class _Transaction:
         """The changes as the parameters of ``pg_statements.WRITE``."""
         rows = self._rows or {}
         updates = [{"request_id": r.request_id, **_changed_values(r),
-                    "request": r.request.json_text if r.revision != self._loaded_revisions.get(r.request_id) else None}
+                    **(_replanned_values(r) if r.revision != self._loaded_revisions.get(r.request_id)
+                       else {"request": None})}
                    for r in self._changed.values()]
         events = [{"n": n, "at": e.at, "pool": e.pool, "table_key": e.table, "request_id": e.request_id,
                    "owner": e.owner, "kind": e.kind.value, "summary": e.summary, "detail": e.detail}
@@ -651,7 +652,7 @@ class _Transaction:
         replanned = [r for r in self._changed.values() if r.revision != self._loaded_revisions.get(r.request_id)]
         for row in replanned:   # a new footprint: rare, one statement each
             self.conn.execute(leases_table.update().where(leases_table.c.request_id == row.request_id)
-                              .values(**_changed_values(row), request=row.request.json_text))
+                              .values(**_changed_values(row), **_replanned_values(row)))
         moved = [r for r in self._changed.values() if r.revision == self._loaded_revisions.get(r.request_id)]
         if moved:   # a release that grants many, or moves many waiters on to another blocker
             _update_many(self.conn, moved)
@@ -676,6 +677,11 @@ def _changed_values(row: Row) -> dict[str, Any]:
     record = row.record
     return {"status": record.status.value, "granted_at": record.granted_at, "expires_at": record.expires_at,
             "revision": row.revision, "summary": record.summary, "blocker": _remembered_text(row.remembered)}
+
+
+def _replanned_values(row: Row) -> dict[str, Any]:
+    """The columns a re-plan changes besides those: the new request and the terms kept beside it."""
+    return {"request": row.request.json_text, "model": row.model, "max_writers": row.max_writers, "ttl": row.ttl}
 
 
 _CHANGED = ("status", "granted_at", "expires_at", "revision", "summary", "blocker")

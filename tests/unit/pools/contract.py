@@ -512,6 +512,19 @@ class LeaseStoreContract:
         store.release(holder.request_id, "holder")
         assert store.poll(waiter.request_id, "waiter").granted  # still first in line after re-planning
 
+    def test_a_replan_keeps_the_terms_it_asked_with(self, clocked_store: LeaseStore, clock: Clock,
+                                                     request_for: Request) -> None:
+        """Review: a re-plan stored the new footprint but kept the first request's TTL (and model and writer
+        limit) in the columns heartbeats and expiry read, so a poll renewed the waiter by the old TTL."""
+        store, t0 = clocked_store, clock.now
+        store.acquire(request_for("holder", "UPDATE", "country = 'DE'", ttl=600.0))
+        store.acquire(request_for("waiter", "UPDATE", "country = 'DE'", ttl=60.0))
+        again = store.acquire(request_for("waiter", "UPDATE", "country = 'DE' AND date = '2024-01-01'", ttl=300.0))
+        assert again.record is not None and again.record.expires_at == _at(t0 + 300.0)
+        clock.now = t0 + 150.0   # past a third of the new TTL: the poll is its heartbeat
+        state = store.poll(again.request_id, "waiter")
+        assert state.record is not None and state.record.expires_at == _at(clock.now + 300.0)
+
     # -- 6: ownership, idempotent release ---------------------------------------------------------
     def test_only_the_owner_can_renew_poll_or_release(self, store: LeaseStore, request_for: Request) -> None:
         mine = store.acquire(request_for("try-1", "UPDATE", "country = 'DE'"))

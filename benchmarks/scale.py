@@ -359,8 +359,8 @@ def render(args: argparse.Namespace, report: dict[str, Any]) -> str:
     if waiting := report.get("waiting"):
         w = waiting.get("waiting") or {}
         lines += [f"**{waiting['writers']} MERGEs waiting at once** behind one lease this benchmark holds on the "
-                  f"unpartitioned table (an OPTIMIZE's footprint, expected to hold an hour, so each waiter defers at "
-                  f"once): "
+                  f"unpartitioned table (an OPTIMIZE's footprint), every wait deferred at once (`[operators] "
+                  f"default_deferrable = True`): "
                   + (f"all waited {waiting['seconds_until_all_wait']} s after the trigger. "
                      if waiting['seconds_until_all_wait'] is not None else
                      f"not all were waiting when the arrival cap (`--timeout`, {args.timeout:g} s) ran out. ")

@@ -272,14 +272,14 @@ class LeaseStore(ABC):
     def _poll_pool(self, pool: str, items: Sequence[tuple[str, str]]) -> dict[str, LeaseState | LeaseOwnershipError]:
         """Poll ``items`` (request id, owner) of one pool: answered from one unlocked read where nothing is
         due, the rest in one locked transaction (see ``poll``)."""
-        rows, now = self._read(pool)
+        read = _PoolRead.of(*self._read(pool))
         answers: dict[str, LeaseState | LeaseOwnershipError] = {}
         pending: list[tuple[str, str]] = []
         decided: list[Decision] = []   # one decision per read at most, shared by the quiet answers
-        explaining = _Explaining(rows, self.judge)
+        explaining = _Explaining(read.rows, self.judge)
         for request_id, owner in items:
             try:
-                quiet = self._quiet_state(rows, now, request_id, owner, decided, explaining)
+                quiet = self._quiet_state(read, request_id, owner, decided, explaining)
             except LeaseOwnershipError as exc:
                 answers[request_id] = exc
                 continue
@@ -313,13 +313,15 @@ class LeaseStore(ABC):
             _Refused: no request polled here belongs to its poller (nothing is written); its argument holds
                 the refusals.
         """
-        self._expire(txn)  # a waiter that polls after its TTL was abandoned, whoever noticed first
+        # A waiter that polls after its TTL was abandoned, whoever noticed first. The rows are indexed once: a
+        # batch renews up to every waiter of the pool.
+        live = {r.request_id: r for r in self._expire(txn)}
         owned: dict[str, Row | None] = {}
         refused: dict[str, LeaseOwnershipError] = {}
         states: dict[str, LeaseState] = {}
         for request_id, owner in pending:
             try:
-                owned[request_id] = self._own(txn, request_id, owner)
+                owned[request_id] = _owned(live.get(request_id), owner)
             except LeaseOwnershipError as exc:
                 refused[request_id] = exc
         if not owned:
@@ -335,12 +337,13 @@ class LeaseStore(ABC):
             states[request_id] = state
         return states, refused, txn.rows()
 
-    def _quiet_state(self, rows: Sequence[Row], now: float, request_id: str, owner: str,
-                     decided: list[Decision], explaining: _Explaining) -> LeaseState | None:
+    def _quiet_state(self, read: _PoolRead, request_id: str, owner: str, decided: list[Decision],
+                     explaining: _Explaining) -> LeaseState | None:
         """The answer to a poll when nothing is due, from an unlocked read; ``None`` when the lock is needed.
         ``decided`` holds the read's decision once one answer needed it."""
-        mine = next((r for r in rows if r.request_id == request_id), None)
-        if mine is None or any(r.record.expires_at <= now for r in rows):
+        rows, now = read.rows, read.now
+        mine = read.by_id.get(request_id)
+        if mine is None or read.expiring:
             return None
         _check_owner(mine, owner)
         if _heartbeat_due(mine.record, mine, now):
@@ -348,7 +351,7 @@ class LeaseStore(ABC):
         if mine.record.status is LeaseStatus.GRANTED:
             return LeaseState(request_id, LeaseStatus.GRANTED, now, mine.record)
         state = LeaseState(request_id, LeaseStatus.WAITING, now, mine.record)
-        if _remembered_holder(mine, rows) is not None:   # it waits for a lease still held: no decision needed
+        if _remembered_holder(mine, read.by_id) is not None:   # it waits for a lease still held: no decision needed
             return explaining(state)
         if not decided:
             decided.append(_decide(rows, self.judge, now))
@@ -441,10 +444,7 @@ class LeaseStore(ABC):
 
     # -- the one algorithm ----------------------------------------------------------------------
     def _own(self, txn: PoolTransaction, request_id: str, owner: str) -> Row | None:
-        row = next((r for r in txn.rows() if r.request_id == request_id), None)
-        if row is not None:
-            _check_owner(row, owner)
-        return row
+        return _owned(next((r for r in txn.rows() if r.request_id == request_id), None), owner)
 
     def _extend(self, txn: PoolTransaction, request_id: str) -> LeaseRecord:
         """The owner's heartbeat on its granted lease: it lives one TTL from now (recorded as a renewal)."""
@@ -549,12 +549,38 @@ def _state_of(decision: Decision, by_id: Mapping[str, Row], request_id: str, now
     return LeaseState(request_id, found.record.status, now, found.record, decision.blockers.get(request_id, ()))
 
 
-def _remembered_holder(row: Row, rows: Sequence[Row]) -> Blocker | None:
+def _owned(row: Row | None, owner: str) -> Row | None:
+    """``row`` (``None``: gone), once it is known to be ``owner``'s.
+
+    Raises:
+        LeaseOwnershipError: it is another owner's.
+    """
+    if row is not None:
+        _check_owner(row, owner)
+    return row
+
+
+@dataclass(frozen=True)
+class _PoolRead:
+    """One unlocked read of a pool, indexed once for all the answers given from it (a triggerer answers a
+    thousand waiters from one read: a walk of the rows per answer would make that n^2)."""
+
+    rows: Sequence[Row]
+    now: float
+    by_id: Mapping[str, Row]
+    expiring: bool   # some row's deadline passed: the poll must take the lock to expire it
+
+    @classmethod
+    def of(cls, rows: Sequence[Row], now: float) -> _PoolRead:
+        return cls(rows, now, {r.request_id: r for r in rows}, any(r.record.expires_at <= now for r in rows))
+
+
+def _remembered_holder(row: Row, by_id: Mapping[str, Row]) -> Blocker | None:
     """The held lease a waiting ``row`` was last found to conflict with, if it is still held as judged."""
     remembered = row.remembered
     if remembered is None or remembered.waiter_key != row.key:
         return None
-    holder = next((r for r in rows if r.request_id == remembered.request_id), None)
+    holder = by_id.get(remembered.request_id)
     if holder is None or holder.record.status is not LeaseStatus.GRANTED or holder.key != remembered.key:
         return None
     return Blocker(remembered.reason, holder.request_id, holder.record.owner, True)

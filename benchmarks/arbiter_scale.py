@@ -9,6 +9,9 @@ inside the pool's lock. Measured here, in one process, for two workloads:
   are granted.
 * **chain**: an unpartitioned table; one UPDATE of the whole table holds, N more wait (every pair
   conflicts). When it is released, the first waiter is granted and the other N-1 wait for it.
+* **shared** (answers only): a table of three dates; a whole-table OPTIMIZE holds and N UPDATEs wait,
+  each of one of the three dates (a third of them share each partition, and each waits for the one before
+  it on its date).
 
 For each N: the time of one decision (``arbiter.decide`` on every live request) with nothing judged yet
 (**cold**: a task process that just opened the store), with the pairs already judged (**warm**: the
@@ -16,6 +19,11 @@ triggerer, a long-lived worker), and cold but with the blockers the stored reque
 store gives a fresh process now); then the decision after the holder's release, cold. The **baseline**
 is the rule as it was before (``airflow_delta_occ/pools/arbiter.py`` at ``BASELINE_COMMIT``, loaded from
 git), timed in the same run on the same requests where it finishes within ``--baseline-budget`` seconds.
+
+Then the answers a batched poll gives (a triggerer's): every waiter explained (``arbiter.Explainer``: the
+held leases it waits for and the first earlier request it conflicts with) from one read, the pairs already
+judged, against the explainer at ``EXPLAIN_BASELINE_COMMIT`` (which compared a request with every earlier one
+sharing its partitions before it took the first).
 
 Then the stores: acquire of one more request by a store opened anew (memory: a fresh judge; SQLite and
 PostgreSQL: a new ``SqlLeaseStore``) with N waiting, and the release that grants them.
@@ -57,18 +65,19 @@ from airflow_delta_occ.pools.leases.sql import SqlLeaseStore  # noqa: E402
 from airflow_delta_occ.pools.requests import LeaseRequest  # noqa: E402
 
 BASELINE_COMMIT = "ec3bed2"
+EXPLAIN_BASELINE_COMMIT = "a15a236"   # before the index merged its lists lazily
 
 
-def baseline_rule() -> ModuleType | None:
-    """The arbiter module as it was at ``BASELINE_COMMIT``, imported beside today's (``None`` without git)."""
+def baseline_rule(commit: str = BASELINE_COMMIT) -> ModuleType | None:
+    """The arbiter module as it was at ``commit``, imported beside today's (``None`` without git)."""
     try:
-        source = subprocess.run(["git", "show", f"{BASELINE_COMMIT}:airflow_delta_occ/pools/arbiter.py"], cwd=ROOT,
+        source = subprocess.run(["git", "show", f"{commit}:airflow_delta_occ/pools/arbiter.py"], cwd=ROOT,
                                 check=True, capture_output=True, text=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
-    path = Path(tempfile.mkdtemp(prefix="delta_occ_baseline_")) / "arbiter_baseline.py"
+    path = Path(tempfile.mkdtemp(prefix="delta_occ_baseline_")) / f"arbiter_{commit}.py"
     path.write_text(source)
-    spec = importlib.util.spec_from_file_location("airflow_delta_occ.pools._arbiter_baseline", path)
+    spec = importlib.util.spec_from_file_location(f"airflow_delta_occ.pools._arbiter_{commit}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module   # dataclasses look their module up while the class is made
@@ -101,7 +110,7 @@ class Workload:
 
 
 def workload(kind: str, n: int, workdir: Path) -> Workload:
-    snapshot = build(workdir / f"{kind}-{n}", n if kind == "disjoint" else 0)
+    snapshot = build(workdir / f"{kind}-{n}", {"disjoint": n, "shared": 3}.get(kind, 0))
     state = TableState.of(snapshot)
 
     def request(owner: str, op: str, predicate: str | None) -> LeaseRequest:
@@ -111,6 +120,10 @@ def workload(kind: str, n: int, workdir: Path) -> Workload:
     if kind == "disjoint":
         return Workload(kind, request("optimize", "OPTIMIZE", None),
                         [request(f"update {d}", "UPDATE", f"date = '{d}'") for d in day_list(n)])
+    if kind == "shared":
+        days = day_list(3)
+        return Workload(kind, request("optimize", "OPTIMIZE", None),
+                        [request(f"update {i}", "UPDATE", f"date = '{days[i % 3]}'") for i in range(n)])
     return Workload(kind, request("holder", "UPDATE", "id > 0"),
                     [request(f"update {i}", "UPDATE", f"id > {i}") for i in range(n)])
 
@@ -154,6 +167,32 @@ def rule_rows(sizes: list[int], workdir: Path, budget: float) -> list[str]:
             rows.append(f"| {kind} | {n} | {cold * 1000:.1f} | {warm * 1000:.1f} | {remembered * 1000:.1f} | "
                         f"{released * 1000:.1f} | {_ms(base_cold)} | {_ms(base_warm)} | "
                         f"{_ratio(base_cold, cold)} | {_ratio(base_warm, warm)} |")
+            print(rows[-1], file=sys.stderr)
+    return rows
+
+
+def answer_all(rule: ModuleType, holder: Candidate, waiters: list[Candidate], judge: PairJudge) -> list[Any]:
+    """What a batched poll of every waiter answers: one explainer (one index) for all of them."""
+    explainer = rule.Explainer([holder], waiters, judge)
+    return [explainer.explain(c) for c in waiters]
+
+
+def explain_rows(sizes: list[int], workdir: Path) -> list[str]:
+    """Every waiter explained from one read (a batched poll's answers), today and at ``EXPLAIN_BASELINE_COMMIT``."""
+    old = baseline_rule(EXPLAIN_BASELINE_COMMIT)
+    rows = []
+    for kind in ("disjoint", "chain", "shared"):
+        for n in sizes:
+            holder, waiters = candidates(workload(kind, n, workdir))
+            judge = PairJudge()
+            answer_all(arbiter, holder, waiters, judge)   # every pair the answers need, judged (a triggerer's)
+            now = timed(lambda: answer_all(arbiter, holder, waiters, judge))   # noqa: B023
+            before = None
+            if old is not None:
+                old_judge = PairJudge()
+                answer_all(old, holder, waiters, old_judge)
+                before = timed(lambda: answer_all(old, holder, waiters, old_judge))   # noqa: B023
+            rows.append(f"| {kind} | {n} | {now * 1000:.1f} | {_ms(before)} | {_ratio(before, now)} |")
             print(rows[-1], file=sys.stderr)
     return rows
 
@@ -231,6 +270,7 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     workdir = Path(tempfile.mkdtemp(prefix="delta_occ_arbiter_bench_"))
     rules = rule_rows(sizes, workdir, args.baseline_budget)
+    answers = explain_rows(sizes, workdir)
     store_sizes = [int(s) for s in args.store_sizes.split(",")]
     stored = store_rows(store_sizes, workdir, args.backends.split(","))
     from _report import machine
@@ -239,7 +279,8 @@ def main() -> None:
         f"Measured {time.strftime('%Y-%m-%d')} on {machine()}; `python benchmarks/arbiter_scale.py "
         f"--sizes {args.sizes} --store-sizes {args.store_sizes}`. Workloads: *disjoint* = a whole-table OPTIMIZE "
         "holds and N UPDATEs of N different dates wait (one partition per date); *chain* = an unpartitioned "
-        "table, one UPDATE holds and N more wait (every pair conflicts).",
+        "table, one UPDATE holds and N more wait (every pair conflicts); *shared* = a table of three dates, a "
+        "whole-table OPTIMIZE holds and N UPDATEs wait, a third on each date.",
         "",
         "One decision (`arbiter.decide` on every live request), milliseconds. *cold*: nothing judged yet (a task "
         "process that just opened the store); *warm*: every pair judged before (a long-lived triggerer); "
@@ -252,6 +293,14 @@ def main() -> None:
         "cold speed-up | warm speed-up |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *rules,
+        "",
+        "A batched poll's answers: every waiter explained from one read (`arbiter.Explainer`, pairs judged "
+        f"before), milliseconds for all N. Baseline: the explainer at `{EXPLAIN_BASELINE_COMMIT}` (before the "
+        "index merged its per-partition lists lazily) on the same requests in the same run.",
+        "",
+        "| workload | N waiting | all answers | baseline | speed-up |",
+        "|---|---:|---:|---:|---:|",
+        *answers,
         "",
         "Stores: N-1 requests acquired in one store (mean acquire, ms), then one more acquired by a store opened "
         "anew (a new `SqlLeaseStore`, as a new task process has; memory: a fresh judge), then the holder released "

@@ -38,6 +38,7 @@ waits for.
 from __future__ import annotations
 
 import functools
+import heapq
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -332,9 +333,18 @@ class _TableIndex:
             return
         column, values = min(bounded, key=lambda iv: len(self.open_on[iv[0]]) + sum(
             len(self.by_value[iv[0]].get(v, ())) for v in iv[1]))
-        found = {c.request_id: c for c in (*self.open, *self.open_on[column])}
-        for value in values:
-            found.update((c.request_id, c) for c in self.by_value[column].get(value, ()))
+        sources = [self.open, self.open_on[column], *(self.by_value[column].get(v, ()) for v in values)]
+        if self.in_order:
+            # Each list is in arrival order (filed in it): merged lazily, so a caller that stops at the first
+            # conflict compares a few requests, not every one that shares the partition.
+            seen: set[str] = set()
+            for candidate in heapq.merge(*sources, key=_arrival):
+                if candidate.request_id not in seen:
+                    seen.add(candidate.request_id)
+                    if _meets(request, candidate):
+                        yield candidate
+            return
+        found = {c.request_id: c for source in sources for c in source}
         yield from sorted((c for c in found.values() if _meets(request, c)), key=_arrival)
 
 

@@ -409,6 +409,22 @@ class LeaseStoreContract:
         assert all(not isinstance(a, Exception) and a.status is LeaseStatus.WAITING for a in answers.values())
         assert walked[0] <= 20 * len(waits), walked[0]
 
+    def test_polling_many_waiters_of_shared_partitions_compares_each_with_a_few_earlier_ones(
+            self, store: LeaseStore, request_for: Request, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Issue #23: the index found every earlier waiter of a request's partitions, compared them all and sorted
+        them, though the answer needs only the first that conflicts: 500 waiters on three countries behind an
+        OPTIMIZE cost 0.75 s of CPU per batched poll."""
+        store.acquire(request_for("optimize", "OPTIMIZE"))
+        waits = [(store.acquire(r).request_id, r) for r in (
+            request_for(f"w{i}", "UPDATE", f"country = '{('DE', 'FR', 'IT')[i % 3]}'") for i in range(300))]
+        met = record_calls(monkeypatch, arbiter, "_meets")
+        answers = store.poll_many(waits)
+        for i, (request_id, _) in enumerate(waits):   # the lease held, then the first request ahead on its country
+            answer = answers[request_id]
+            assert not isinstance(answer, Exception)
+            assert [b.owner for b in answer.blockers] == ["optimize", *([f"w{i % 3}"] if i >= 3 else [])]
+        assert len(met) <= 4 * len(waits), len(met)
+
     def test_renewing_many_waiters_at_once_walks_the_pool_a_few_times_not_once_per_waiter(
             self, clocked_store: LeaseStore, clock: Clock, request_for: Request,
             monkeypatch: pytest.MonkeyPatch) -> None:

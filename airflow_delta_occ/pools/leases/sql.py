@@ -47,8 +47,6 @@ _T = TypeVar("_T")
 #: Whether PostgreSQL operations start optimistic (off: every operation takes its pool's lock; tests prove
 #: that path with the whole contract).
 OPTIMISTIC = True
-#: How many missed optimistic writes an operation decides again on a fresh read before it takes the lock.
-MISSES_BEFORE_LOCK = 0
 
 SCHEMA_LOCK_KEY = 0x44454C54414F4343  # "DELTAOCC": the advisory lock that serializes schema creation
 
@@ -155,7 +153,7 @@ class SqlLeaseStore(LeaseStore):
             return super()._transact(pool, body)
         if OPTIMISTIC and pool not in self._busy:
             snapshot = self._snapshots.get(pool)
-            fresh, misses = snapshot is None, 0
+            fresh = snapshot is None
             if snapshot is None:
                 snapshot = self._snapshot(pool)
             while True:
@@ -176,10 +174,6 @@ class SqlLeaseStore(LeaseStore):
                     self.writes["landed"] += 1
                     return result
                 self.writes["missed"] += 1
-                misses += 1
-                if misses <= MISSES_BEFORE_LOCK:
-                    snapshot, fresh = self._snapshot(pool), True
-                    continue
                 self._busy.add(pool)
                 break
         self.writes["locked"] += 1

@@ -125,6 +125,19 @@ def test_a_pool_read_brings_its_rows_only_when_they_moved_since_this_process_saw
     assert got == [8, 1], got
 
 
+def test_a_revision_written_again_by_another_write_is_read_in_full(
+        stores: tuple[SqlLeaseStore, SqlLeaseStore], request_for: Request) -> None:
+    """Review: after a failover that lost this process's write, another write can give the pool the same revision
+    with other rows; the write's token tells them apart, so the rows are read again."""
+    one, _ = stores
+    state = one.acquire(request_for("a", "UPDATE", "country = 'DE'"))   # one remembers the pool
+    with one.engine.begin() as conn:   # the same revision, written by another (its token, its rows)
+        conn.exec_driver_sql("UPDATE delta_occ_leases SET owner = 'b' WHERE request_id = %(id)s",
+                             {"id": state.request_id})
+        conn.exec_driver_sql("UPDATE delta_occ_lease_pools SET write_token = 'another' WHERE name = 'sales'")
+    assert one.poll(state.request_id, "b").granted   # decided on the rows as they are: b's
+
+
 def test_a_replan_is_read_with_its_terms_by_another_process(postgres_url: str, request_for: Request) -> None:
     """The re-plan's write carries its TTL (the contract's test cannot see it: one process remembers its rows)."""
     clock = Clock(1_700_000_000.0)

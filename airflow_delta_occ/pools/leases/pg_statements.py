@@ -24,15 +24,18 @@ ROW_COLUMNS: Final = ("request_id", "pool", "table_key", "owner", "seq", "status
 _SELECTED = ", ".join(f"l.{name}" for name in ROW_COLUMNS)
 
 #: The pool's revision (NULL: no pool row yet), its last write's time and token, the database's clock now, and
-#: its live rows in arrival order (one row of NULLs when it has none, or when the revision is still ``known``:
-#: the caller has those rows already, as every change to them moves the revision). ``%(pool)s``, ``%(known)s``
-#: (-1: none known). A triggerer polling a thousand waiters of a pool nobody changed reads one short row.
+#: its live rows in arrival order (one row of NULLs when it has none, or when the revision and the last write's
+#: token are still ``known`` and ``known_token``: the caller has those rows already, as every change to them
+#: moves the revision; the token tells a revision written twice, by writes a failover lost and the ones after
+#: it). ``%(pool)s``, ``%(known)s`` (-1: none known), ``%(known_token)s``. A triggerer polling a thousand
+#: waiters of a pool nobody changed reads one short row.
 SNAPSHOT = f"""
 SELECT p.next_seq AS seen_seq, p.changed_at AS seen_at, p.write_token AS seen_token,
        extract(epoch FROM clock_timestamp()) AS db_now, {_SELECTED}
 FROM (SELECT 1) AS one
 LEFT JOIN delta_occ_lease_pools AS p ON p.name = %(pool)s
-LEFT JOIN delta_occ_leases AS l ON l.pool = %(pool)s AND p.next_seq IS DISTINCT FROM %(known)s
+LEFT JOIN delta_occ_leases AS l ON l.pool = %(pool)s
+    AND (p.next_seq IS DISTINCT FROM %(known)s OR p.write_token IS DISTINCT FROM %(known_token)s)
 ORDER BY l.seq
 """
 

@@ -246,7 +246,7 @@ class SqlLeaseStore(LeaseStore):
         head = result[0]
         self._clock_offset = float(head.db_now) - time.time()
         revision = int(head.seen_seq or 0)
-        rows = (known.rows if known is not None and known.revision == revision
+        rows = (known.rows if known is not None and (known.revision, known.token) == (revision, head.seen_token)
                 else [self._row(r) for r in result if r.request_id])
         snapshot = _Snapshot(revision=revision, rows=rows,
                              now=float(head.db_now) if self.clock is None else float(self.clock()),
@@ -668,8 +668,10 @@ class _Transaction:
 
 
 def _read_params(pool: str, known: _Snapshot | None) -> dict[str, Any]:
-    """Parameters of ``pg_statements.SNAPSHOT`` and ``LOCK``: the pool, and the revision whose rows are in hand."""
-    return {"pool": pool, "known": -1 if known is None else known.revision}
+    """Parameters of ``pg_statements.SNAPSHOT`` and ``LOCK``: the pool, and the revision (and its write's token)
+    whose rows are in hand."""
+    return {"pool": pool, "known": -1 if known is None else known.revision,
+            "known_token": None if known is None else known.token}
 
 
 def _changed_values(row: Row) -> dict[str, Any]:

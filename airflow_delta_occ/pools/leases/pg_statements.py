@@ -93,7 +93,7 @@ WRITE_AND_COMMIT = f"{WRITE};\nCOMMIT"
 
 #: Opens a transaction, takes the pool's row lock (a new pool's row is made first), then reads the pool: after
 #: the lock, so the read is current. One round trip (several statements in one message); the caller sends
-#: ``WRITE`` with ``COMMIT`` next, or ``ROLLBACK``. ``%(pool)s``, ``%(known)s`` (as ``SNAPSHOT``).
+#: ``WRITE`` with ``COMMIT`` next, or ``ROLLBACK``. ``%(pool)s``, ``%(known)s``, ``%(known_token)s`` (as ``SNAPSHOT``).
 LOCK = f"""
 BEGIN ISOLATION LEVEL READ COMMITTED;
 INSERT INTO delta_occ_lease_pools (name, next_seq) VALUES (%(pool)s, 1) ON CONFLICT (name) DO NOTHING;

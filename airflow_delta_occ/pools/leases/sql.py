@@ -242,7 +242,8 @@ class SqlLeaseStore(LeaseStore):
 
     def _snapshot_of(self, pool: str, result: list[Any], known: _Snapshot | None) -> _Snapshot:
         """The snapshot ``result`` (of ``SNAPSHOT`` or ``LOCK``, sent with ``known``) gives: ``known``'s rows
-        when the revision has not moved (the statement then sent none), else the rows it read."""
+        when neither the revision nor its write's token moved (the statement then sent none), else the rows it
+        read."""
         head = result[0]
         self._clock_offset = float(head.db_now) - time.time()
         revision = int(head.seen_seq or 0)

@@ -23,6 +23,7 @@ import re
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -36,6 +37,7 @@ from airflow_delta_occ.demo.metadata import query as _query
 from airflow_delta_occ.demo.metadata import xcom
 from airflow_delta_occ.engine import DeltaLog
 
+from ..servers import wait_for
 from ..spark.differential.harness import gate_jar
 from .conftest import AIRFLOW
 
@@ -95,6 +97,11 @@ def _json_list(text: str) -> list[dict[str, Any]]:
         if line.startswith(("[{", "[]")) or line == "[":
             return list(json.loads("\n".join(lines[i:])))
     raise AssertionError(f"no JSON list in CLI output: {text[-2000:]}")
+
+
+def _answers(url: str) -> bool:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return bool(response.status == 200)
 
 
 def _when(value: str) -> datetime:
@@ -190,11 +197,16 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     servers: list[subprocess.Popen[bytes]] = []
     try:
         # The scheduler (LocalExecutor) and the API server its task processes report to; the DAG is
-        # already serialized (by `dags test`), so no DAG processor is needed.
+        # already serialized (by `dags test`), so no DAG processor is needed. The scheduler starts only
+        # once the API server answers: a task process that finds no API server fails its try, and on a
+        # loaded machine the cleared task then ran as try 4 instead of 3.
         for name in ("api-server", "scheduler"):
             with open(work / f"airflow-{name}.log", "w") as log:
                 servers.append(subprocess.Popen([*AIRFLOW, name], env=env, stdout=log, stderr=subprocess.STDOUT,
                                                 start_new_session=True))
+            if name == "api-server":
+                wait_for(lambda: _answers(f"http://127.0.0.1:{api_port}/api/v2/monitor/health"),
+                         "the API server", work, servers)
         while True:
             ti = _task_instances(db, run_id)["append_then_lost"]
             if ti["try_number"] > after_clear["try_number"] and ti["state"] in FINISHED:

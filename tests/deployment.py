@@ -34,6 +34,7 @@ from typing import Any
 from airflow_delta_occ.demo.airflow_run import free_port, stop_process_group
 
 from .pg import PostgresServer
+from .servers import airflow_api_answers
 
 #: Processes of host "a" (the first): every component; the other hosts run a scheduler, a triggerer and a worker.
 FIRST_HOST_ROLES = ("api-server", "dag-processor", "scheduler", "triggerer", "worker")
@@ -256,8 +257,9 @@ class CeleryDeployment:
         return []
 
     def wait_for_dags(self, *dag_ids: str, timeout: float = STARTUP_SECONDS) -> None:
-        """Until the DAG processor has serialized ``dag_ids`` and a scheduler and a triggerer per host
-        are running (their jobs heartbeat)."""
+        """Until the DAG processor has serialized ``dag_ids``, a scheduler and a triggerer per host are
+        running (their jobs heartbeat) and the API server answers (a task process that finds no API
+        server fails its try)."""
         deadline = time.monotonic() + timeout
         while True:
             self.check_alive()
@@ -266,7 +268,7 @@ class CeleryDeployment:
             jobs = self.query("SELECT job_type, count(*) AS n FROM job WHERE state = 'running' GROUP BY job_type")
             running = {j["job_type"]: j["n"] for j in jobs}
             if (found == set(dag_ids) and running.get("SchedulerJob", 0) >= self.host_count
-                    and running.get("TriggererJob", 0) >= self.host_count):
+                    and running.get("TriggererJob", 0) >= self.host_count and airflow_api_answers(self.api_port)):
                 return
             if time.monotonic() > deadline:
                 errors = self.query("SELECT filename, stacktrace FROM import_error")

@@ -32,6 +32,16 @@ def get_json(url: str) -> Any:
         return json.loads(response.read())
 
 
+def airflow_api_answers(port: int) -> bool:
+    """Whether the Airflow API server on ``port`` answers its health check (a task process that finds no
+    API server fails its try, so tests start tasks only once it does)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v2/monitor/health", timeout=5) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
 def wait_for(ready: Callable[[], bool], what: str, logs: Path, procs: list[subprocess.Popen[bytes]]) -> None:
     """Poll ``ready`` until it holds; RuntimeError naming the logs if a process exits or time runs out."""
     deadline = time.monotonic() + STARTUP_SECONDS

@@ -23,7 +23,6 @@ import re
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -37,7 +36,7 @@ from airflow_delta_occ.demo.metadata import query as _query
 from airflow_delta_occ.demo.metadata import xcom
 from airflow_delta_occ.engine import DeltaLog
 
-from ..servers import wait_for
+from ..servers import airflow_api_answers, wait_for
 from ..spark.differential.harness import gate_jar
 from .conftest import AIRFLOW
 
@@ -97,11 +96,6 @@ def _json_list(text: str) -> list[dict[str, Any]]:
         if line.startswith(("[{", "[]")) or line == "[":
             return list(json.loads("\n".join(lines[i:])))
     raise AssertionError(f"no JSON list in CLI output: {text[-2000:]}")
-
-
-def _answers(url: str) -> bool:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return bool(response.status == 200)
 
 
 def _when(value: str) -> datetime:
@@ -205,7 +199,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 servers.append(subprocess.Popen([*AIRFLOW, name], env=env, stdout=log, stderr=subprocess.STDOUT,
                                                 start_new_session=True))
             if name == "api-server":
-                wait_for(lambda: _answers(f"http://127.0.0.1:{api_port}/api/v2/monitor/health"),
+                wait_for(lambda: airflow_api_answers(api_port),
                          "the API server", work, servers)
         while True:
             ti = _task_instances(db, run_id)["append_then_lost"]

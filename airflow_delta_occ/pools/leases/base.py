@@ -112,6 +112,12 @@ class PoolTransaction(Protocol):
 
     def audit(self, event: AuditEvent) -> None: ...
 
+    def about(self, table: str | None) -> None:
+        """The answer depends on ``table``'s requests (``None``: on a request this read did not find, so on a
+        table unknown). A store whose write may land on a pool that moved on other tables (PostgreSQL) then
+        lands it only if ``table`` did not move either: an answer is never given from an old view of its table,
+        even when the write changes nothing there."""
+
 
 class LeaseStore(ABC):
     """Grants leases on footprints; see the module docstring for the invariants."""
@@ -174,6 +180,7 @@ class LeaseStore(ABC):
         request.check()
 
         def body(txn: PoolTransaction) -> tuple[LeaseState, list[Row]]:
+            txn.about(request.table)
             live = self._expire(txn)   # an expired request of this owner is gone: it asks anew
             mine = next((r for r in live if r.record.table == request.table and r.record.owner == request.owner), None)
             if mine is None:
@@ -320,8 +327,10 @@ class LeaseStore(ABC):
         refused: dict[str, LeaseOwnershipError] = {}
         states: dict[str, LeaseState] = {}
         for request_id, owner in pending:
+            found = live.get(request_id)
+            txn.about(None if found is None else found.record.table)
             try:
-                owned[request_id] = _owned(live.get(request_id), owner)
+                owned[request_id] = _owned(found, owner)
             except LeaseOwnershipError as exc:
                 refused[request_id] = exc
         if not owned:
@@ -444,7 +453,9 @@ class LeaseStore(ABC):
 
     # -- the one algorithm ----------------------------------------------------------------------
     def _own(self, txn: PoolTransaction, request_id: str, owner: str) -> Row | None:
-        return _owned(next((r for r in txn.rows() if r.request_id == request_id), None), owner)
+        found = next((r for r in txn.rows() if r.request_id == request_id), None)
+        txn.about(None if found is None else found.record.table)
+        return _owned(found, owner)
 
     def _extend(self, txn: PoolTransaction, request_id: str) -> LeaseRecord:
         """The owner's heartbeat on its granted lease: it lives one TTL from now (recorded as a renewal)."""

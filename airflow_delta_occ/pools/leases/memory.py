@@ -50,6 +50,9 @@ class _Transaction:
     def audit(self, event: AuditEvent) -> None:
         self.events.append(replace(event, event_id=self._first_event_id + len(self.events)))
 
+    def about(self, table: str | None) -> None:
+        """Nothing to do: a transaction here always runs on the pool as it is."""
+
 
 class MemoryLeaseStore(LeaseStore):
     """All pools in a dict behind one lock; ``clock`` returns epoch seconds (``time.time`` by default)."""

@@ -11,6 +11,19 @@ bump's row lock is taken before any lease row is touched (the other changes wait
 one-time filter). A statement that finds ``next_seq`` unchanged after taking that lock therefore writes
 on exactly the rows its decision read, and holds the lock only while the statement runs, never while a
 client decides.
+
+One pool, many tables: the grant rule compares requests of one table only, so when a pool has no writer
+limit a decision on one table's requests does not depend on the others'. The pool row therefore also
+keeps, per table, the revision of the last write that changed its requests (``table_revs``), and a write
+whose tables (those it changes, and those its answer depends on: ``LeaseStore``'s ``PoolTransaction.about``)
+were changed by nobody since its read lands even though the pool moved (``per_table``). Its
+new rows then take arrival numbers after everything that landed in between (their numbers are shifted by
+how far the pool moved), so arrival order stays the order of landing. The check reads only the locked
+pool row, so it is made on the row's newest version, like the revision's. A write that does not record its
+tables (a process of an earlier release) is told by ``tracked_seq`` lagging ``next_seq``: the next write
+that records its tables then marks every table changed at that revision (the key ``*``), as it does when
+the map passes 256 tables. A pool that holds a request with a writer limit (``limited``, recomputed by every
+write that lands on the revision it read) takes only writes on the revision they read.
 """
 
 from __future__ import annotations
@@ -40,23 +53,49 @@ ORDER BY l.seq
 """
 
 #: The conditional write. Parameters: ``pool``, ``expected`` (the revision read; 0 for a pool without a
-#: row), ``next_seq`` (the revision after the write), ``now`` (the decision's time), ``token`` (this write's),
-#: ``unchecked`` (true when ``now`` need not be compared with the database's clock: an injected clock, or a
-#: time read under the pool's lock), and the changes as JSON arrays (``inserts``, ``updates``, ``events``) and
-#: a text array (``deletes``). One row: ``applied``, the new revision (NULL: nothing landed), and ``db_now``.
+#: row), ``next_seq`` (the revision after the write, when it lands on ``expected``), ``now`` (the decision's
+#: time), ``token`` (this write's), ``unchecked`` (true when ``now`` need not be compared with the database's
+#: clock: an injected clock, or a time read under the pool's lock), ``touched`` (a JSON array: the tables
+#: whose requests the changes insert, change or delete), ``checked`` (those and the tables the operation's
+#: answer depends on), ``per_table`` (whether it may land on a pool that moved, on tables not ``checked``
+#: only), ``limited`` (whether the pool holds a request with a writer limit), and the
+#: changes as JSON arrays (``inserts``, ``updates``, ``events``) and a text array (``deletes``). One row:
+#: ``applied``, the new revision (NULL: nothing landed; another value than ``next_seq``: it landed after
+#: others, on other tables), and ``db_now``.
 WRITE = """
 WITH bump AS (
-    INSERT INTO delta_occ_lease_pools AS p (name, next_seq, changed_at, write_token)
-    SELECT %(pool)s, %(next_seq)s, %(now)s, %(token)s
+    INSERT INTO delta_occ_lease_pools AS p (name, next_seq, changed_at, write_token, table_revs, tracked_seq,
+                                            limited)
+    SELECT %(pool)s, %(next_seq)s, %(now)s, %(token)s,
+           (SELECT COALESCE(jsonb_object_agg(t, %(next_seq)s), '{}'::jsonb)
+            FROM jsonb_array_elements_text(%(touched)s::jsonb) AS t),
+           %(next_seq)s, %(limited)s
     WHERE %(unchecked)s OR %(now)s <= extract(epoch FROM clock_timestamp())
-    ON CONFLICT (name) DO UPDATE SET next_seq = EXCLUDED.next_seq, changed_at = EXCLUDED.changed_at,
-                                     write_token = EXCLUDED.write_token
+    ON CONFLICT (name) DO UPDATE SET
+        next_seq = EXCLUDED.next_seq + p.next_seq - %(expected)s,
+        changed_at = GREATEST(p.changed_at, EXCLUDED.changed_at),
+        write_token = EXCLUDED.write_token,
+        table_revs = CASE WHEN p.tracked_seq IS NOT DISTINCT FROM p.next_seq
+                               AND (SELECT count(*) FROM jsonb_object_keys(p.table_revs)) < 256
+                          THEN COALESCE(p.table_revs, '{}')
+                          ELSE jsonb_build_object('*', p.next_seq) END
+                     || (SELECT COALESCE(jsonb_object_agg(t, EXCLUDED.next_seq + p.next_seq - %(expected)s),
+                                         '{}'::jsonb)
+                         FROM jsonb_array_elements_text(%(touched)s::jsonb) AS t),
+        tracked_seq = EXCLUDED.next_seq + p.next_seq - %(expected)s,
+        limited = CASE WHEN p.next_seq = %(expected)s THEN EXCLUDED.limited
+                       ELSE COALESCE(p.limited, false) OR EXCLUDED.limited END
     WHERE p.next_seq = %(expected)s
+       OR (%(per_table)s AND p.tracked_seq = p.next_seq AND NOT COALESCE(p.limited, true)
+           AND NOT jsonb_path_exists(
+               p.table_revs, '$.keyvalue() ? (@.value > $seen && (@.key == "*" || @.key == $tables[*]))',
+               jsonb_build_object('seen', %(expected)s, 'tables', %(checked)s::jsonb)))
     RETURNING p.next_seq
 ), inserted AS (
     INSERT INTO delta_occ_leases (request_id, pool, table_key, owner, seq, revision, status, summary, model,
                                   max_writers, ttl, request, requested_at, granted_at, expires_at, blocker)
-    SELECT v.request_id, v.pool, v.table_key, v.owner, v.seq, v.revision, v.status, v.summary, v.model,
+    SELECT v.request_id, v.pool, v.table_key, v.owner, v.seq + (SELECT next_seq FROM bump) - %(next_seq)s,
+           v.revision, v.status, v.summary, v.model,
            v.max_writers, v.ttl, v.request, v.requested_at, v.granted_at, v.expires_at, v.blocker
     FROM jsonb_to_recordset(%(inserts)s::jsonb) AS v(
         request_id text, pool text, table_key text, owner text, seq bigint, revision integer, status text,

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, DisconnectionError, SQLAlchemyError
 
@@ -57,6 +58,11 @@ pools_table = sa.Table(
     sa.Column("next_seq", sa.BigInteger, nullable=False),
     sa.Column("changed_at", sa.Float(53), nullable=True),   # the time of its last write (PostgreSQL)
     sa.Column("write_token", sa.String(32), nullable=True),   # the token of its last write (PostgreSQL)
+    # PostgreSQL, a pool of many tables (``pg_statements``): per table, the revision of the last write that
+    # changed its requests; the revision after the last write that recorded its tables; a writer limit seen.
+    sa.Column("table_revs", sa.JSON().with_variant(JSONB(), "postgresql"), nullable=True),
+    sa.Column("tracked_seq", sa.BigInteger, nullable=True),
+    sa.Column("limited", sa.Boolean, nullable=True),
 )
 leases_table = sa.Table(
     "delta_occ_leases", metadata,
@@ -212,7 +218,8 @@ class SqlLeaseStore(LeaseStore):
                     if txn.changes():
                         revision, token = txn.revision_after(snapshot.revision), uuid.uuid4().hex
                         # Its time is the database's, read under the lock: no clock check to miss on.
-                        params = self._write_params(txn, snapshot, revision, token, checked=False)
+                        params = self._write_params(txn, snapshot, revision, token, checked=False,
+                                                    per_table=False)
                         try:
                             conn.exec_driver_sql(pg_statements.WRITE_AND_COMMIT, params)
                         except DBAPIError as exc:
@@ -286,7 +293,7 @@ class SqlLeaseStore(LeaseStore):
         write that landed, so this one is known to have landed, or not to have.
         """
         revision, token = txn.revision_after(snapshot.revision), uuid.uuid4().hex
-        params = self._write_params(txn, snapshot, revision, token, checked=self.clock is None)
+        params = self._write_params(txn, snapshot, revision, token, checked=self.clock is None, per_table=True)
         try:
             with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
                 answer = conn.exec_driver_sql(pg_statements.WRITE, params).one()
@@ -301,14 +308,24 @@ class SqlLeaseStore(LeaseStore):
         self._clock_offset = float(answer.db_now) - time.time()
         if answer.applied is None:
             return False
+        if int(answer.applied) != revision:   # landed after writes on other tables: this view lacks them
+            self.writes["landed_moved"] += 1
+            self._snapshots.pop(txn.pool, None)
+            self._written[txn.pool] = int(answer.applied)
+            return True
         self._remember_written(txn.pool, _Snapshot(revision, txn.rows(), txn.now, txn.now, token))
         return True
 
     @staticmethod
-    def _write_params(txn: _Transaction, snapshot: _Snapshot, revision: int, token: str, *, checked: bool
-                      ) -> dict[str, Any]:
+    def _write_params(txn: _Transaction, snapshot: _Snapshot, revision: int, token: str, *, checked: bool,
+                      per_table: bool) -> dict[str, Any]:
+        """``pg_statements.WRITE``'s parameters. ``per_table``: the write may land on a pool that moved on other
+        tables only, which is sound only when no request read or written has a writer limit (the limit counts
+        every table's holders)."""
+        limited = any(r.max_writers is not None for r in (*snapshot.rows, *txn.rows()))
         return {"pool": txn.pool, "expected": snapshot.revision, "next_seq": revision, "now": txn.now,
-                "token": token, "unchecked": not checked, **txn.changes_as_json()}
+                "token": token, "unchecked": not checked, "per_table": per_table and not limited and not txn.blind,
+                "limited": limited, **txn.changes_as_json()}
 
     def _landed(self, pool: str, token: str) -> bool:
         """Whether the write with ``token`` landed, its answer lost with the connection: only the last write's
@@ -495,7 +512,9 @@ _ROW_COLUMNS = (*_RECORD_COLUMNS, leases_table.c.revision, leases_table.c.model,
 
 #: Columns added since the tables were first created: (table, column, SQL type).
 _ADDED_COLUMNS = (("delta_occ_leases", "blocker", "TEXT"), ("delta_occ_lease_pools", "changed_at", "DOUBLE PRECISION"),
-                  ("delta_occ_lease_pools", "write_token", "VARCHAR(32)"))
+                  ("delta_occ_lease_pools", "write_token", "VARCHAR(32)"),
+                  ("delta_occ_lease_pools", "table_revs", "JSONB"), ("delta_occ_lease_pools", "tracked_seq", "BIGINT"),
+                  ("delta_occ_lease_pools", "limited", "BOOLEAN"))
 
 
 def _add_missing_columns(conn: Connection, dialect: str) -> None:
@@ -581,9 +600,12 @@ class _Transaction:
     _deleted: set[str] = field(default_factory=set)
     _events: list[AuditEvent] = field(default_factory=list)
     _loaded_revisions: dict[str, int] = field(default_factory=dict)
+    _deleted_tables: set[str] = field(default_factory=set)
+    _about: set[str] = field(default_factory=set)   # tables an answer depends on (``PoolTransaction.about``)
 
     def __post_init__(self) -> None:
         self.reserved_until = self._next_seq   # arrival numbers below this one are already taken
+        self.blind = False   # a change whose table is unknown: no landing on a pool that moved
         if self._rows is not None:
             self._loaded_revisions = {i: row.revision for i, row in self._rows.items()}
 
@@ -605,8 +627,10 @@ class _Transaction:
         events = [{"n": n, "at": e.at, "pool": e.pool, "table_key": e.table, "request_id": e.request_id,
                    "owner": e.owner, "kind": e.kind.value, "summary": e.summary, "detail": e.detail}
                   for n, e in enumerate(self._events)]
+        touched = {rows[i].record.table for i in (*self._inserted, *self._changed)} | self._deleted_tables
         return {"inserts": json.dumps([_values(rows[i]) for i in sorted(self._inserted)]),
-                "updates": json.dumps(updates), "deletes": sorted(self._deleted), "events": json.dumps(events)}
+                "updates": json.dumps(updates), "deletes": sorted(self._deleted), "events": json.dumps(events),
+                "touched": json.dumps(sorted(touched)), "checked": json.dumps(sorted(touched | self._about))}
 
     def _loaded(self) -> dict[str, Row]:
         if self._rows is None:
@@ -635,15 +659,25 @@ class _Transaction:
             self._changed[row.request_id] = row
 
     def delete(self, request_id: str) -> None:
-        self._loaded().pop(request_id, None)
+        gone = self._loaded().pop(request_id, None)
         self._changed.pop(request_id, None)
         if request_id in self._inserted:
             self._inserted.discard(request_id)
         else:
             self._deleted.add(request_id)
+            if gone is None:   # not read here, so its table is unknown: land only on the revision read
+                self.blind = True
+            else:
+                self._deleted_tables.add(gone.record.table)
 
     def audit(self, event: AuditEvent) -> None:
         self._events.append(event)
+
+    def about(self, table: str | None) -> None:
+        if table is None:
+            self.blind = True
+        else:
+            self._about.add(table)
 
     def flush(self) -> None:
         assert self.conn is not None

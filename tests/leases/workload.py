@@ -247,6 +247,7 @@ def _work(spec: WorkerSpec, barrier: Any, grants: Any) -> dict[str, Any]:
             timed(store.renew, state.request_id, owner)
             counts["renewed"] += 1
         counts["released" if timed(store.release, state.request_id, owner) else "release_found_nothing"] += 1
+    counts.update({f"writes_{kind}": n for kind, n in store.writes.items()})   # PostgreSQL: how writes landed
     store.close()
     return {"worker": spec.worker, "counts": dict(counts), "latencies": latencies}
 

@@ -55,17 +55,41 @@ def test_acquire_and_release_are_one_round_trip_each(stores: tuple[SqlLeaseStore
     assert neighbour.granted and [r.owner for r in store.holders(pool="sales")] == ["neighbour"]
 
 
-def test_a_pool_others_write_is_locked_for_two_round_trips_until_it_is_quiet_again(
+def test_a_pool_others_write_is_read_before_each_decision_until_it_is_quiet_again(
         stores: tuple[SqlLeaseStore, SqlLeaseStore], request_for: Request) -> None:
     one, other = stores
     first = one.acquire(request_for("a", "UPDATE", "country = 'FR'"))   # one remembers the pool
-    other.acquire(request_for("b", "UPDATE", "country = 'IT'"))         # and the pool moves on
+    other.acquire(request_for("b", "UPDATE", "country = 'IT'"))         # and its table moves on
     sent = statements(one)
-    second = one.acquire(request_for("c", "UPDATE", "country = 'DE'"))  # misses, then decides under the lock
-    assert one.release(second.request_id, "c")          # locked again; nobody else wrote in between
-    assert one.release(first.request_id, "a")           # so this one is optimistic again
-    assert sent == ["WITH", "BEGIN", "WITH", "BEGIN", "WITH", "WITH"], sent
+    second = one.acquire(request_for("c", "UPDATE", "country = 'DE'"))  # misses, then decides on a fresh read
+    assert one.release(second.request_id, "c")          # read first again; nobody else wrote in between
+    assert one.release(first.request_id, "a")           # so this one decides on the pool it remembers
+    assert sent == ["WITH", "SELECT", "WITH", "SELECT", "WITH", "WITH"], sent
     assert [r.owner for r in other.records(pool="sales")] == ["b"]
+    assert (one.writes["missed"], one.writes["locked"]) == (1, 0)
+
+
+def test_a_write_that_misses_on_a_fresh_read_is_decided_under_the_lock(
+        stores: tuple[SqlLeaseStore, SqlLeaseStore], request_for: Request, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lock stops every writer of the pool while one client decides: taken only when a decision on a
+    fresh read missed too, so that every operation ends whatever the others do."""
+    mine, theirs = stores
+    mine.acquire(request_for("a", "UPDATE", "country = 'FR'"))
+    theirs.acquire(request_for("b", "UPDATE", "country = 'IT'"))
+    read_pool = mine._snapshot
+    moved: list[object] = []
+
+    def read_then_another_write(pool: str, conn: object = None) -> object:
+        snapshot = read_pool(pool, conn)  # type: ignore[arg-type]
+        if not moved:   # another process takes DE between this fresh read and the write decided on it
+            moved.append(theirs.acquire(request_for("c", "UPDATE", "country = 'DE'")))
+        return snapshot
+    monkeypatch.setattr(mine, "_snapshot", read_then_another_write)
+    sent = statements(mine)
+    late = mine.acquire(request_for("d", "DELETE", "country = 'DE'"))
+    assert sent == ["WITH", "SELECT", "WITH", "BEGIN", "WITH"], sent
+    assert late.status is LeaseStatus.WAITING and [b.owner for b in late.blockers] == ["c"]
+    assert (mine.writes["missed"], mine.writes["locked"]) == (2, 1)
 
 
 def test_a_grant_decided_on_an_old_view_is_not_made(stores: tuple[SqlLeaseStore, SqlLeaseStore],
@@ -159,8 +183,8 @@ def test_a_host_clock_ahead_of_the_database_never_expires_a_lease_early(
     sent = statements(fast)
     late = fast.acquire(request_for("b", "DELETE", "country = 'DE'"))
     # On the estimated time the holder had expired; the write missed on the database's clock instead, and the
-    # request was decided again under the pool's lock on that clock: the holder is still there, it waits.
-    assert sent == ["WITH", "BEGIN", "WITH"], sent
+    # request was decided again on a fresh read, on that clock: the holder is still there, it waits.
+    assert sent == ["WITH", "SELECT", "WITH"], sent
     assert late.status is LeaseStatus.WAITING
     assert other.renew(held.request_id, "holder").status is LeaseStatus.GRANTED
     with other.engine.connect() as conn:

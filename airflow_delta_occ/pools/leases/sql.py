@@ -3,13 +3,13 @@
 Atomicity comes from the database:
 
 * PostgreSQL: optimistic. An operation decides on the pool as this process last saw it (or reads it), then
-  writes with one statement that lands only if the pool row's revision is still the one its decision read
-  (``pg_statements``); otherwise nothing lands, and the operation decides again under the pool's lock.
-  One round trip per operation while nobody else changes the pool in between, and no lock is held while a
-  client decides. A process whose write missed takes the pool row's lock (``SELECT ... FOR UPDATE``) for
-  its next operations on that pool, two round trips each, so a pool many processes write still makes
-  steady progress; it turns optimistic again once nobody else wrote the pool between two of its
-  operations. Pools never block each other.
+  writes with one statement that lands only if the pool row's revision is still the one its decision read,
+  or if the pool moved on other tables only (``pg_statements``); otherwise nothing lands, and the operation
+  decides again on a fresh read. One round trip per operation while nobody else changes its tables in
+  between, and no lock is held while a client decides. A process whose write missed reads the pool before
+  each decision on it (two round trips) until nobody else wrote the pool between two of its operations;
+  a write decided on a fresh read that misses again is decided under the pool row's lock (``SELECT ...
+  FOR UPDATE``), so every operation ends. Pools never block each other.
 * SQLite: ``BEGIN IMMEDIATE`` takes the database's write lock before anything is read (WAL journal,
   so listings still read while a decision is made). One host only: SQLite's locks do not work on
   network file systems.
@@ -151,17 +151,21 @@ class SqlLeaseStore(LeaseStore):
         A decision made on the pool as this process last saw it lands only through the conditional write.
         An outcome that writes nothing (a refusal, a lease already gone) is kept only when its rows were read
         during this call: a remembered pool may be behind, so such an outcome is decided again on a read.
-        A write that misses means other processes are writing the pool too: this process then takes the
-        pool's lock for its operations on it (``_transact_locked``), until it finds nobody else wrote it
-        between two of its own operations.
+        A write that misses means other processes are writing the same tables of the pool: this process
+        then decides again on a fresh read, and reads before it decides on that pool (``_busy``) until it
+        finds nobody else wrote it between two of its own operations. Only a write decided on a fresh read
+        that misses again takes the pool's lock (``_transact_locked``), for that operation: the lock stops
+        every writer of the pool while this client decides, so it is the last resort, not the busy mode.
         """
         if self.dialect != "postgresql":
             return super()._transact(pool, body)
-        if OPTIMISTIC and pool not in self._busy:
-            snapshot = self._snapshots.get(pool)
+        if OPTIMISTIC:
+            snapshot = None if pool in self._busy else self._snapshots.get(pool)
             fresh = snapshot is None
             if snapshot is None:
                 snapshot = self._snapshot(pool)
+                if self._written.get(pool) == snapshot.revision:
+                    self._busy.discard(pool)   # nobody else wrote it since this process did
             while True:
                 txn = self._transaction(pool, snapshot, fresh)
                 try:
@@ -181,7 +185,9 @@ class SqlLeaseStore(LeaseStore):
                     return result
                 self.writes["missed"] += 1
                 self._busy.add(pool)
-                break
+                if fresh:
+                    break
+                snapshot, fresh = self._snapshot(pool), True
         self.writes["locked"] += 1
         return self._transact_locked(pool, body)
 
@@ -211,8 +217,6 @@ class SqlLeaseStore(LeaseStore):
                             continue
                         raise
                     snapshot = self._snapshot_of(pool, rows, known)
-                    if self._written.get(pool) == snapshot.revision:
-                        self._busy.discard(pool)   # nobody else wrote it since this process did: optimism again
                     txn = self._transaction(pool, snapshot, True)
                     result = body(txn)
                     if txn.changes():

@@ -569,8 +569,8 @@ def render(args: argparse.Namespace, loads: list[LoadResult], profiles: list[Pro
                   f"{verdict(p99 < P99_GOAL_MS)}; goal \"at least {GRANTS_GOAL:g} grants/s\": "
                   f"{goal.per_second:,.0f}/s: {verdict(goal.per_second >= GRANTS_GOAL)}."]
     lines.append("*writes missed / locked / landed past others* (PostgreSQL): optimistic writes that found their "
-                 "tables changed since the read they decided on, operations that took the pool's row lock (after a "
-                 "miss, a process locks until it sees nobody else wrote the pool between two of its operations), "
+                 "tables changed since the read they decided on, operations that took the pool's row lock (a "
+                 "write decided on a fresh read, after a miss, that missed again), "
                  "and optimistic writes that landed although the pool had moved, on other tables only, per "
                  "operation.")
     lines += [

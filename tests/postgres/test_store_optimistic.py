@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 
-from airflow_delta_occ.exceptions import LeaseStoreError
+from airflow_delta_occ.exceptions import LeaseLostError, LeaseStoreError
 from airflow_delta_occ.pools.leases import sql
 from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
 from airflow_delta_occ.pools.requests import AuditKind, LeaseStatus
@@ -357,3 +357,34 @@ def test_a_renewal_is_not_refused_from_an_old_view(postgres_url: str, request_fo
         g = theirs.acquire(request_for("g", "UPDATE", "country = 'DE'", table_key="t", ttl=60.0))
         clock.now += 11.0   # mine's renewal expires x (table u); g, unseen by mine, is granted
         assert mine.renew(g.request_id, "g").status is LeaseStatus.GRANTED
+
+
+def test_a_view_of_a_history_a_failover_lost_does_not_land_past_other_tables(postgres_url: str,
+                                                                          request_for: Request) -> None:
+    """Review: a failover that loses commits takes the pool back to an earlier revision; new writes on other
+    tables then move it past the revision a process read in the lost history. That process's view of its
+    table is no longer the pool's, even though no write since has touched the table."""
+    with SqlLeaseStore(postgres_url) as mine, SqlLeaseStore(postgres_url) as theirs:
+        g = theirs.acquire(request_for("g", "UPDATE", "country = 'DE'", table_key="t"))
+        h = theirs.acquire(request_for("h", "DELETE", "country = 'DE'", table_key="t"))
+        assert g.granted and h.status is LeaseStatus.WAITING
+        with theirs.engine.connect() as conn:   # what the failover will go back to
+            pool_row = dict(conn.execute(sa.select(sql.pools_table).where(sql.pools_table.c.name == "sales")).one()
+                            ._mapping)
+            lease_rows = [dict(r._mapping) for r in conn.execute(
+                sa.select(sql.leases_table).where(sql.leases_table.c.pool == "sales"))]
+        assert theirs.release(g.request_id, "g")                     # the history the failover loses:
+        assert mine.poll(h.request_id, "h").granted                  # mine sees h granted, and remembers it
+        with theirs.engine.begin() as conn:                          # the failover: back to g held, h waiting
+            conn.execute(sql.leases_table.delete().where(sql.leases_table.c.pool == "sales"))
+            conn.execute(sql.leases_table.insert(), lease_rows)
+            conn.execute(sql.pools_table.update().where(sql.pools_table.c.name == "sales").values(
+                {k: v for k, v in pool_row.items() if k != "name"}))
+        with SqlLeaseStore(postgres_url) as fresh:                   # new writes, on another table only
+            for i in range(6):
+                state = fresh.acquire(request_for(f"u{i}", "UPDATE", "country = 'FR'", table_key="u"))
+                assert fresh.release(state.request_id, f"u{i}")
+            assert fresh.revision("sales") > mine._snapshots["sales"].revision
+        with pytest.raises(LeaseLostError, match="still waiting"):
+            mine.renew(h.request_id, "h")                            # decided on the pool as it is: h waits
+        assert [r.owner for r in theirs.holders(pool="sales")] == ["g"]

@@ -23,7 +23,11 @@ pool row, so it is made on the row's newest version, like the revision's. A writ
 tables (a process of an earlier release) is told by ``tracked_seq`` lagging ``next_seq``: the next write
 that records its tables then marks every table changed at that revision (the key ``*``), as it does when
 the map passes 256 tables. A pool that holds a request with a writer limit (``limited``, recomputed by every
-write that lands on the revision it read) takes only writes on the revision they read.
+write that lands on the revision it read) takes only writes on the revision they read. And a view read in a
+history a failover lost (the pool went back to an earlier revision, and writes on other tables moved it past
+the one read) is told by the token of the write that made the revision it read: the pool row keeps the
+tokens of its last 64 revisions (``recent_tokens``), and a write lands past others only on a revision whose
+token is still the one it read.
 """
 
 from __future__ import annotations
@@ -58,18 +62,19 @@ ORDER BY l.seq
 #: clock: an injected clock, or a time read under the pool's lock), ``touched`` (a JSON array: the tables
 #: whose requests the changes insert, change or delete), ``checked`` (those and the tables the operation's
 #: answer depends on), ``per_table`` (whether it may land on a pool that moved, on tables not ``checked``
-#: only), ``limited`` (whether the pool holds a request with a writer limit), and the
+#: only), ``limited`` (whether the pool holds a request with a writer limit), ``seen_token`` (the
+#: token of the write that made the revision read), and the
 #: changes as JSON arrays (``inserts``, ``updates``, ``events``) and a text array (``deletes``). One row:
 #: ``applied``, the new revision (NULL: nothing landed; another value than ``next_seq``: it landed after
 #: others, on other tables), and ``db_now``.
 WRITE = """
 WITH bump AS (
     INSERT INTO delta_occ_lease_pools AS p (name, next_seq, changed_at, write_token, table_revs, tracked_seq,
-                                            limited)
+                                            limited, recent_tokens)
     SELECT %(pool)s, %(next_seq)s, %(now)s, %(token)s,
            (SELECT COALESCE(jsonb_object_agg(t, %(next_seq)s), '{}'::jsonb)
             FROM jsonb_array_elements_text(%(touched)s::jsonb) AS t),
-           %(next_seq)s, %(limited)s
+           %(next_seq)s, %(limited)s, jsonb_build_object(%(next_seq)s::text, %(token)s)
     WHERE %(unchecked)s OR %(now)s <= extract(epoch FROM clock_timestamp())
     ON CONFLICT (name) DO UPDATE SET
         next_seq = EXCLUDED.next_seq + p.next_seq - %(expected)s,
@@ -84,9 +89,15 @@ WITH bump AS (
                          FROM jsonb_array_elements_text(%(touched)s::jsonb) AS t),
         tracked_seq = EXCLUDED.next_seq + p.next_seq - %(expected)s,
         limited = CASE WHEN p.next_seq = %(expected)s THEN EXCLUDED.limited
-                       ELSE COALESCE(p.limited, false) OR EXCLUDED.limited END
+                       ELSE COALESCE(p.limited, false) OR EXCLUDED.limited END,
+        recent_tokens = (SELECT COALESCE(jsonb_object_agg(e.key, e.value), '{}'::jsonb)
+                         FROM jsonb_each(COALESCE(p.recent_tokens, '{}'::jsonb)) AS e
+                         WHERE e.key::bigint > EXCLUDED.next_seq + p.next_seq - %(expected)s - 64)
+                        || jsonb_build_object((EXCLUDED.next_seq + p.next_seq - %(expected)s)::text,
+                                              EXCLUDED.write_token)
     WHERE p.next_seq = %(expected)s
        OR (%(per_table)s AND p.tracked_seq = p.next_seq AND NOT COALESCE(p.limited, true)
+           AND p.next_seq > %(expected)s AND p.recent_tokens -> (%(expected)s::text) = to_jsonb(%(seen_token)s::text)
            AND NOT jsonb_path_exists(
                p.table_revs, '$.keyvalue() ? (@.value > $seen && (@.key == "*" || @.key == $tables[*]))',
                jsonb_build_object('seen', %(expected)s, 'tables', %(checked)s::jsonb)))

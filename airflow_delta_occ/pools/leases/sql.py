@@ -63,6 +63,7 @@ pools_table = sa.Table(
     sa.Column("table_revs", sa.JSON().with_variant(JSONB(), "postgresql"), nullable=True),
     sa.Column("tracked_seq", sa.BigInteger, nullable=True),
     sa.Column("limited", sa.Boolean, nullable=True),
+    sa.Column("recent_tokens", sa.JSON().with_variant(JSONB(), "postgresql"), nullable=True),   # revision -> token
 )
 leases_table = sa.Table(
     "delta_occ_leases", metadata,
@@ -329,6 +330,7 @@ class SqlLeaseStore(LeaseStore):
         limited = any(r.max_writers is not None for r in (*snapshot.rows, *txn.rows()))
         return {"pool": txn.pool, "expected": snapshot.revision, "next_seq": revision, "now": txn.now,
                 "token": token, "unchecked": not checked, "per_table": per_table and not limited and not txn.blind,
+                "seen_token": snapshot.token,
                 "limited": limited, **txn.changes_as_json()}
 
     def _landed(self, pool: str, token: str) -> bool:
@@ -518,7 +520,7 @@ _ROW_COLUMNS = (*_RECORD_COLUMNS, leases_table.c.revision, leases_table.c.model,
 _ADDED_COLUMNS = (("delta_occ_leases", "blocker", "TEXT"), ("delta_occ_lease_pools", "changed_at", "DOUBLE PRECISION"),
                   ("delta_occ_lease_pools", "write_token", "VARCHAR(32)"),
                   ("delta_occ_lease_pools", "table_revs", "JSONB"), ("delta_occ_lease_pools", "tracked_seq", "BIGINT"),
-                  ("delta_occ_lease_pools", "limited", "BOOLEAN"))
+                  ("delta_occ_lease_pools", "limited", "BOOLEAN"), ("delta_occ_lease_pools", "recent_tokens", "JSONB"))
 
 
 def _add_missing_columns(conn: Connection, dialect: str) -> None:

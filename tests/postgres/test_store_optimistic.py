@@ -214,14 +214,19 @@ class TestLockedFallback(contract_tests.TestPostgresStore):
 
 def test_a_store_made_before_the_optimistic_writes_gains_their_column(postgres_url: str,
                                                                       request_for: Request) -> None:
-    """Tables created by an earlier release have no ``changed_at``: the first store opened adds it."""
+    """Tables created by an earlier release lack the pool row's later columns: the first store opened adds them,
+    and writes past other tables start once a write has recorded its tables."""
     with SqlLeaseStore(postgres_url) as old:
         held = old.acquire(request_for("a", "UPDATE", "country = 'DE'"))
         with old.engine.begin() as conn:
-            conn.exec_driver_sql("ALTER TABLE delta_occ_lease_pools DROP COLUMN changed_at")
-    with SqlLeaseStore(postgres_url) as new:
+            for column in ("changed_at", "table_revs", "tracked_seq", "limited", "recent_tokens"):
+                conn.exec_driver_sql(f"ALTER TABLE delta_occ_lease_pools DROP COLUMN {column}")
+    with SqlLeaseStore(postgres_url) as new, SqlLeaseStore(postgres_url) as other:
         assert new.release(held.request_id, "a")
         assert new.acquire(request_for("b", "UPDATE", "country = 'DE'")).granted
+        other.acquire(request_for("c", "DELETE", table_key="u"))      # the pool moves, on another table
+        assert new.acquire(request_for("d", "UPDATE", "country = 'FR'")).granted
+        assert (new.writes["missed"], new.writes["landed_moved"]) == (0, 1)
 
 
 def test_a_locked_operation_that_fails_leaves_no_transaction_behind(postgres_url: str, request_for: Request,

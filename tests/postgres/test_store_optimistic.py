@@ -393,3 +393,20 @@ def test_a_view_of_a_history_a_failover_lost_does_not_land_past_other_tables(pos
         with pytest.raises(LeaseLostError, match="still waiting"):
             mine.renew(h.request_id, "h")                            # decided on the pool as it is: h waits
         assert [r.owner for r in theirs.holders(pool="sales")] == ["g"]
+
+
+@pytest.mark.parametrize("hostile", ["*", "t'); DELETE FROM delta_occ_leases; --", '$.x ? (@ == "t")', "${spark.x}%s"])
+def test_hostile_table_keys_are_compared_as_text_in_the_per_table_check(
+        stores: tuple[SqlLeaseStore, SqlLeaseStore], request_for: Request, hostile: str) -> None:
+    """Table keys travel as JSON values into the pool row's map and the jsonpath's variables, never as SQL or
+    path text: a stale write on the hostile table still misses when that table moved, a table named like the
+    wildcard only makes writes more careful, and no other pool row or lease is touched."""
+    mine, theirs = stores
+    bystander = theirs.acquire(request_for("by", "UPDATE", "country = 'IT'", table_key="plain"))
+    mine.acquire(request_for("a", "UPDATE", "country = 'FR'", table_key=hostile))   # mine remembers the pool
+    held = theirs.acquire(request_for("b", "UPDATE", "country = 'DE'", table_key=hostile))
+    late = mine.acquire(request_for("c", "DELETE", "country = 'DE'", table_key=hostile))
+    assert held.granted and late.status is LeaseStatus.WAITING and [b.owner for b in late.blockers] == ["b"]
+    assert mine.writes["missed"] == 1
+    assert sorted(r.owner for r in theirs.records(pool="sales")) == ["a", "b", "by", "c"]
+    assert bystander.granted and [r.table for r in theirs.records(pool="sales") if r.owner == "b"] == [hostile]

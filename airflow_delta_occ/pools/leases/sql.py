@@ -327,7 +327,7 @@ class SqlLeaseStore(LeaseStore):
         """``pg_statements.WRITE``'s parameters. ``per_table``: the write may land on a pool that moved on other
         tables only, which is sound only when no request read or written has a writer limit (the limit counts
         every table's holders)."""
-        limited = any(r.max_writers is not None for r in (*snapshot.rows, *txn.rows()))
+        limited = any(r.max_writers is not None for r in (*snapshot.rows, *txn.written()))
         return {"pool": txn.pool, "expected": snapshot.revision, "next_seq": revision, "now": txn.now,
                 "token": token, "unchecked": not checked, "per_table": per_table and not limited and not txn.blind,
                 "seen_token": snapshot.token,
@@ -608,10 +608,10 @@ class _Transaction:
     _loaded_revisions: dict[str, int] = field(default_factory=dict)
     _deleted_tables: set[str] = field(default_factory=set)
     _about: set[str] = field(default_factory=set)   # tables an answer depends on (``PoolTransaction.about``)
+    blind: bool = False   # a change or an answer whose table is unknown: no landing on a pool that moved
 
     def __post_init__(self) -> None:
         self.reserved_until = self._next_seq   # arrival numbers below this one are already taken
-        self.blind = False   # a change whose table is unknown: no landing on a pool that moved
         if self._rows is not None:
             self._loaded_revisions = {i: row.revision for i, row in self._rows.items()}
 
@@ -633,10 +633,16 @@ class _Transaction:
         events = [{"n": n, "at": e.at, "pool": e.pool, "table_key": e.table, "request_id": e.request_id,
                    "owner": e.owner, "kind": e.kind.value, "summary": e.summary, "detail": e.detail}
                   for n, e in enumerate(self._events)]
-        touched = {rows[i].record.table for i in (*self._inserted, *self._changed)} | self._deleted_tables
+        touched = {row.record.table for row in self.written()} | self._deleted_tables
         return {"inserts": json.dumps([_values(rows[i]) for i in sorted(self._inserted)]),
                 "updates": json.dumps(updates), "deletes": sorted(self._deleted), "events": json.dumps(events),
                 "touched": json.dumps(sorted(touched)), "checked": json.dumps(sorted(touched | self._about))}
+
+    def written(self) -> Iterator[Row]:
+        """The rows this transaction inserts or changes (not every row: ``rows`` sorts the whole pool)."""
+        rows = self._rows or {}
+        yield from (rows[i] for i in self._inserted)
+        yield from self._changed.values()
 
     def _loaded(self) -> dict[str, Row]:
         if self._rows is None:

@@ -20,7 +20,6 @@ import json
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow.utils import cli as airflow_cli
@@ -324,6 +323,7 @@ def leases(args: argparse.Namespace) -> None:
     """``airflow delta-occ leases``: who holds and who waits, and the latest audit events."""
     from airflow_delta_occ.hooks.leases import DeltaLeaseStoreHook
     from airflow_delta_occ.pools.config import normalize_table
+    from airflow_delta_occ.pools.requests import utc_text
 
     table = None
     if args.table is not None:
@@ -347,13 +347,13 @@ def leases(args: argparse.Namespace) -> None:
         return
     print(f"Holders ({len(held)})")
     _print_table([{"pool": r.pool, "table": r.table, "owner": r.owner, "seq": r.seq,
-                   "granted_at": _time(r.granted_at), "expires_at": _time(r.expires_at), "summary": r.summary}
+                   "granted_at": utc_text(r.granted_at), "expires_at": utc_text(r.expires_at), "summary": r.summary}
                   for r in held])
     print(f"\nWaiters ({len(waiting)}, in arrival order)")
     _print_table([{"pool": r.pool, "table": r.table, "owner": r.owner, "seq": r.seq,
-                   "requested_at": _time(r.requested_at), "summary": r.summary} for r in waiting])
+                   "requested_at": utc_text(r.requested_at), "summary": r.summary} for r in waiting])
     print(f"\nHistory (latest {len(events)}, oldest first)")
-    _print_table([{"at": _time(e.at), "kind": e.kind.value, "pool": e.pool, "table": e.table, "owner": e.owner,
+    _print_table([{"at": utc_text(e.at), "kind": e.kind.value, "pool": e.pool, "table": e.table, "owner": e.owner,
                    "summary": e.summary, "detail": _shorten(e.detail)} for e in events])
 
 
@@ -373,20 +373,6 @@ def _print_table(rows: Sequence[dict[str, Any]]) -> None:
 
 def _cell(value: object, none: str) -> str:
     return none if value is None else str(value)
-
-
-def _time(epoch: float | None) -> str:
-    """An epoch time as ISO 8601 in UTC. Total: the store may hold a time no calendar has (a lease granted
-    with a TTL of years beyond 9999, NaN), and the listing is what an operator reads to clear it up."""
-    if epoch is None:
-        return "-"
-    try:
-        return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
-    except (OverflowError, ValueError, OSError, TypeError):
-        try:
-            return f"{float(epoch):.6g} (epoch seconds, out of range)"
-        except (OverflowError, ValueError, TypeError):
-            return "(out of range)"
 
 
 def _shorten(text: str) -> str:

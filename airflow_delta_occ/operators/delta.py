@@ -317,7 +317,8 @@ class DeltaBaseOperator(BaseOperator):
     def _run_in_spark(self, prepared: PreparedJob) -> JobResult:
         """Hand the prepared job to Spark; its result as the runner reported it (not yet confirmed)."""
         self.log.info("Delta %s on %s at version %s, condition: %s", prepared.spec.operation,
-                      prepared.spec.target.label, prepared.snapshot.version, prepared.spec.condition)
+                      prepared.spec.target.label, prepared.snapshot.version,
+                      prepared.spec.condition_sql or "none (every row)")
         run_started_at = time.time()
         try:
             result = self.hook.run(prepared.spec)

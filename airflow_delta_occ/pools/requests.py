@@ -10,6 +10,7 @@ import functools
 import json
 import math
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -22,6 +23,21 @@ from .compare import PlannedJob, Reach, compact, reach
 MAX_OWNER_LENGTH = 512
 MAX_TABLE_LENGTH = 2048
 MAX_SECONDS = 1e9                # a TTL or an expected hold beyond about 30 years is a mistake
+
+
+def utc_text(epoch: float | None) -> str:
+    """A store's epoch time as ISO 8601 in UTC, for people (logs, listings). Total: the store may hold a time
+    no calendar has (a lease granted with a TTL of years beyond 9999, NaN), and what reads it is what an
+    operator reads to clear it up."""
+    if epoch is None:
+        return "-"
+    try:
+        return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
+    except (OverflowError, ValueError, OSError, TypeError):
+        try:
+            return f"{float(epoch):.6g} (epoch seconds, out of range)"
+        except (OverflowError, ValueError, TypeError):
+            return "(out of range)"
 
 
 class LeaseRequestError(LeaseError, ValueError):

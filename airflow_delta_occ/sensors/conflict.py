@@ -205,9 +205,12 @@ class DeltaConflictSensor(BaseSensorOperator):
         self.log.info("conflict pool %s: lease request %s on %s waits for %s", pool.name, state.request_id,
                       request.table, holding.describe_wait(state))
         timeout = timedelta(seconds=float(self.timeout)) if self.timeout is not None else None
+        seen = holding.BlockersSeen()   # whom it waits for now: named at the grant even if gone by the first poll
+        seen.update(state.blockers)
         self.defer(trigger=DeltaLeaseTrigger(lease_conn_id=self.lease_conn_id, request_id=state.request_id,
                                              owner=owner, request=request.to_json(),
-                                             poll_interval=float(self.poke_interval), settle=settle_seconds()),
+                                             poll_interval=float(self.poke_interval), settle=settle_seconds(),
+                                             blockers_seen=seen.seen()),
                    method_name="execute_complete", timeout=timeout)
         raise AssertionError("defer() returns only by raising")  # pragma: no cover
 
@@ -233,8 +236,10 @@ class DeltaConflictSensor(BaseSensorOperator):
             self.log.warning("conflict pool %s: the granted lease %s expired before the sensor resumed (%s); "
                              "asking again", self.conflict_pool, request_id, exc)
             return self.execute(context)
-        self.log.info("conflict pool %s: lease %s renewed at the hand-over, until %.3f (the store's clock)",
-                      self.conflict_pool, request_id, record.expires_at)
+        from airflow_delta_occ.pools.requests import utc_text  # loads the engine: not at DAG parse time
+
+        self.log.info("conflict pool %s: lease %s renewed at the hand-over, until %s (the store's clock)",
+                      self.conflict_pool, request_id, utc_text(record.expires_at))
         ttl = self.lease_ttl or required_pool(self.conflict_pool).lease_ttl  # renewed: the whole TTL
         return self._handed_over(self.conflict_pool, request_id, owner, ttl,
                                  float(event.get("waited") or 0.0),

@@ -25,7 +25,7 @@ from airflow_delta_occ.exceptions import (
     UnsafeExpressionError,
 )
 from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
-from airflow_delta_occ.pools.requests import AuditKind, LeaseRequest, LeaseStatus
+from airflow_delta_occ.pools.requests import AuditKind, LeaseRequest, LeaseStatus, utc_text
 from airflow_delta_occ.sensors import DeltaConflictSensor, DeltaLeaseReleaseOperator
 from airflow_delta_occ.triggers.lease import DeltaLeaseTrigger
 
@@ -168,7 +168,8 @@ def _defer(sensor: DeltaConflictSensor, context: dict[str, Any]) -> DeltaLeaseTr
 
 
 def test_execute_complete_hands_over_the_granted_lease_renewed(pools: Path, store: SqlLeaseStore,
-                                                               sales_log: tuple[str, Snapshot]) -> None:
+                                                               sales_log: tuple[str, Snapshot],
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
     """The whole wait: deferred behind a holder, granted in the trigger when it is released, handed over
     with its TTL started again (the grant happened in the triggerer, before the sensor resumed)."""
     table, snapshot = sales_log
@@ -187,6 +188,22 @@ def test_execute_complete_hands_over_the_granted_lease_renewed(pools: Path, stor
     assert held.granted_at is not None and held.request_id == out["request_id"]
     assert held.expires_at - held.granted_at >= 60.0  # renewed at the hand-over
     assert store.history()[-1].kind is AuditKind.RENEW
+    [renewed] = [line for line in capsys.readouterr().out.splitlines() if "renewed at the hand-over" in line]
+    assert f"until {utc_text(held.expires_at)}" in renewed, renewed   # a time people read, not epoch seconds
+
+
+def test_the_hand_over_names_whom_the_sensor_waited_for_before_it_deferred(
+        pools: Path, store: SqlLeaseStore, sales_log: tuple[str, Snapshot]) -> None:
+    """The holder is gone before the trigger's first poll: the grant still names it (issue #24: the
+    sensor logged that it waited for a task, then "waited ... for nobody" with ``waited_for: []``)."""
+    table, snapshot = sales_log
+    holder = _hold(store, table, snapshot, "job-de", "country = 'DE'")
+    sensor = _sensor(table, partitions={"date": "2024-01-01", "country": "DE"}, poke_interval=0.05)
+    trigger = _defer(sensor, _context())
+    store.release(holder, "job-de")
+    event = asyncio.run(_first_event(trigger))
+    assert event["status"] == "granted"
+    assert sensor.execute_complete(_context(), event)["waited_for"] == ["job-de"]
 
 
 def test_a_lease_that_expired_before_the_sensor_resumed_is_asked_for_again(

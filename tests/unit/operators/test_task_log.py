@@ -1,0 +1,37 @@
+"""What a Delta task says in its log: the condition as the SQL it runs, not a parse tree (issue #24).
+
+The operator runs for real on a hand-written Delta log; only Spark is replaced (a ``MemoryTransport``)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from airflow_delta_occ.engine import Snapshot
+from airflow_delta_occ.hooks.transports import MemoryTransport
+from airflow_delta_occ.operators.delta import DeltaUpdateOperator
+
+pytestmark = pytest.mark.unit
+
+
+def _context() -> dict[str, Any]:
+    ti = SimpleNamespace(dag_id="d", task_id="u", map_index=-1, try_number=1, max_tries=2)
+    return {"ti": ti, "run_id": "manual__1"}
+
+
+def test_the_condition_is_logged_as_the_sql_that_runs(sales_log: tuple[str, Snapshot], monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_DELTA_OCC_DEFAULT",
+                       json.dumps({"conn_type": "delta_occ", "extra": {"mode": "memory"}}))
+    transport = MemoryTransport(lambda spec: MemoryTransport.success())
+    operator = DeltaUpdateOperator(task_id="u", table=sales_log[0], set={"name": "upper(name)"},
+                                   where="id < 10", partitions={"date": "2024-01-01", "country": "DE"})
+    with transport.registered("memory"):
+        operator.execute(_context())
+    out = capsys.readouterr().out
+    [line] = [line for line in out.splitlines() if "condition:" in line]
+    assert "Comparison(" not in line and "And(" not in line, line
+    assert "`id` < 10" in line and "`country` = 'DE'" in line and "DATE'2024-01-01'" in line, line

@@ -12,6 +12,7 @@ lease or a trigger can carry the spec as JSON. The same runner serves an embedde
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -43,6 +44,22 @@ class TableRef:
         return self.path or self.name or ""
 
 
+# A Spark data source: a short name (``delta``, ``parquet``) or a class name (``org.apache...AvroFileFormat``).
+_DATA_SOURCE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def check_source_format(value: object, what: str = "source_format") -> None:
+    """``value`` names a Spark data source (a short name or a class name), nothing else: it is checked where
+    it enters (the operator's argument, and once rendered, the spec), since a template may have made it.
+
+    Raises:
+        JobSpecError: not text, or not a data source's name; the message names ``what``.
+    """
+    if not isinstance(value, str) or _DATA_SOURCE.fullmatch(value) is None:
+        raise JobSpecError(f"{what} must name a Spark data source (such as delta, parquet, json or a class name), "
+                           f"got {value!r:.80}")
+
+
 @dataclass(frozen=True)
 class SourceRef:
     """Where a MERGE or a writer reads its rows: a path (with format), a table name or a SQL query."""
@@ -55,6 +72,7 @@ class SourceRef:
     def __post_init__(self) -> None:
         if sum(x is not None for x in (self.path, self.table, self.query)) != 1:
             raise JobSpecError("a source is given by exactly one of path, table or query")
+        check_source_format(self.format, "the source's format")
         if self.query is not None:
             from .queries import check_source_query
 

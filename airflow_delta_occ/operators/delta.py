@@ -56,7 +56,7 @@ from airflow_delta_occ.jobs.build import (
 from airflow_delta_occ.jobs.checks import check_clauses, check_one_source, check_sql_text, sql_file, templated
 from airflow_delta_occ.jobs.partitions import parse_expression, partitions_mapping
 from airflow_delta_occ.jobs.result import JobLease, JobResult
-from airflow_delta_occ.jobs.spec import JobSpec, RunIdentity, TableRef
+from airflow_delta_occ.jobs.spec import JobSpec, RunIdentity, TableRef, check_source_format
 from airflow_delta_occ.jobs.text import refuse_substitution
 from airflow_delta_occ.operators.lineage import DeltaJobLineage, lineage_of, operator_lineage, schema_columns
 from airflow_delta_occ.operators.links import SparkUILink
@@ -111,10 +111,21 @@ class DeltaBaseOperator(BaseOperator):
         the result as ``dropped_source_rows``).
     :param conflict_policies: per-exception overrides, e.g.
         ``{"ConcurrentAppendException": {"max_attempts": 8}, "ConcurrentDeleteDeleteException": "skip"}``.
-    :param delta_conn_id: the ``delta_occ`` connection (mode, Spark connection); optional.
+        Not templated: the task-level retry policy Airflow asks after a failure is built from them when
+        the DAG is parsed, and it must decide as the job's own retries do.
+    :param delta_conn_id: the ``delta_occ`` connection (mode, Spark connection); optional. Templated.
+    :param spark_conf: Spark settings for this task's job, over the connection's ``spark_conf`` extra
+        (``{"spark.sql.shuffle.partitions": "{{ params.parts }}"}``). Templated, like ``SparkSubmitOperator``'s
+        ``conf``.
+    :param idempotent: write with Delta's transaction identifiers (``txnAppId`` of the task run, one
+        ``txnVersion``), so a retry of the same run that finds its first try's commit does not write again.
+    :param retries: Airflow's ``retries``. A Delta task that sets none (nor its ``default_args``) gets
+        ``[delta_occ] task_retries`` (2 unless the platform changed it), not Airflow's 0: a task-level
+        conflict retry can only happen within ``retries``. The task log says which it got, at its start.
     :param conflict_pool: a pool of the pool file (``[delta_occ] pool_file``): the job first takes a
         lease on its footprint from the pool's lease store, waiting (see ``deferrable``) while a
         conflicting job holds one, and the task runs in the pool's Airflow pool unless ``pool=`` is set.
+        Not templated: the Airflow pool it picks is decided when the DAG is parsed.
     :param deferrable: how a pooled task waits for its lease. ``None`` (default): deferred when
         Airflow's ``[operators] default_deferrable`` is True, else adaptive: in the worker while the expected
         wait is at most ``[delta_occ] worker_wait`` seconds (30), deferred when it is longer, and back
@@ -138,10 +149,10 @@ class DeltaBaseOperator(BaseOperator):
         ``[openlineage] spark_inject_transport_info``.
     """
 
-    template_fields: Sequence[str] = ("table", "table_name", "partitions")
+    template_fields: Sequence[str] = ("table", "table_name", "partitions", "spark_conf", "delta_conn_id")
     template_fields_renderers: ClassVar[dict[str, str]] = {
         "partitions": "json", "merge_condition": "sql", "where": "sql", "source_query": "sql", "set": "json",
-        "clauses": "json"}
+        "clauses": "json", "spark_conf": "json"}
     # The SQL text fields that may name a .sql file (under the DAG folder or template_searchpath).
     # Not ``template_ext``: Airflow applies that to every string of every field, nested ones too, so
     # an UPDATE's ``set={"v": "s.sql"}`` (column ``sql`` of the source) would be read as a file.
@@ -169,6 +180,21 @@ class DeltaBaseOperator(BaseOperator):
                 raise JobSpecError(f"{label} must be a non-empty string, got {value!r}")
             refuse_substitution(value, label, rendered=False)
         partitions_mapping(partitions, rendered=False)
+        for label, value, why in (
+                ("conflict_pool", conflict_pool, "it picks the task's Airflow pool"),
+                ("conflict_policies", conflict_policies, "the task-level retry policy is built from it")):
+            try:
+                holds = _holds_template(value)
+            except RecursionError:   # nested deeper than Python walks: the value's own check says so, typed
+                holds = False
+            if holds:
+                raise JobSpecError(f"{label} is not templated: {why} when the DAG is parsed; give it as a "
+                                   f"literal, got {value!r:.80}")
+        if spark_conf is not None and (not isinstance(spark_conf, Mapping)
+                                       or not all(isinstance(k, str) and k.strip() for k in spark_conf)):
+            raise JobSpecError(f"spark_conf must be a mapping of Spark setting names to values, got {spark_conf!r:.80}")
+        if delta_conn_id is not None and (not isinstance(delta_conn_id, str) or not delta_conn_id.strip()):
+            raise JobSpecError(f"delta_conn_id must be a connection id or None, got {delta_conn_id!r}")
         if source_outside_partitions not in SOURCE_OUTSIDE_ACTIONS:
             raise JobSpecError(f"source_outside_partitions must be one of {', '.join(SOURCE_OUTSIDE_ACTIONS)}, "
                                f"got {source_outside_partitions!r}")
@@ -304,6 +330,9 @@ class DeltaBaseOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         started = time.monotonic()
         self._kill_requested = threading.Event()   # set by on_kill: a lease wait or a granted lease stops
+        self.log.info("retries: %s (a Delta task that sets none gets [delta_occ] task_retries = %s); conflicts "
+                      "are retried by %s", self.retries, config.task_retries(), type(self.retry_policy).__name__
+                      if getattr(self, "retry_policy", None) is not None else "Airflow's retries only")
         self._warm_up_early(context)
         prepared = self.prepare(context)
         if self.conflict_pool is not None:
@@ -716,6 +745,16 @@ def _check_retry_policy(where: str, policy: Any) -> None:
                            f"DeltaConflictRetryPolicy, or left unset for it), got {type(policy).__name__}")
 
 
+def _holds_template(value: object) -> bool:
+    """Whether a Jinja template is anywhere in ``value`` (text, or the keys and values of nested mappings
+    and lists)."""
+    if isinstance(value, Mapping):
+        return any(_holds_template(k) or _holds_template(v) for k, v in value.items())
+    if isinstance(value, list | tuple | set | frozenset):
+        return any(_holds_template(v) for v in value)
+    return templated(value)
+
+
 def _default_retries(kwargs: dict[str, Any], default_args: Mapping[str, Any] | None) -> None:
     """A retry policy never extends past ``retries``, and Airflow's default is 0: unless the author
     (or the DAG's ``default_args``) sets it, a Delta task gets ``[delta_occ] task_retries``."""
@@ -738,7 +777,7 @@ class DeltaMergeOperator(DeltaBaseOperator):
     """
 
     template_fields: Sequence[str] = (*DeltaBaseOperator.template_fields, "source", "source_table", "source_query",
-                                      "merge_condition", "clauses")
+                                      "source_format", "merge_condition", "clauses")
     operation = "merge"
 
     def __init__(self, *, merge_condition: str, source: str | None = None, source_table: str | None = None,
@@ -747,6 +786,8 @@ class DeltaMergeOperator(DeltaBaseOperator):
                  source_alias: str = "s", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         check_one_source(type(self).__name__, source, source_table, source_query)
+        if not templated(source_format):
+            check_source_format(source_format)
         if not templated(merge_condition) and not sql_file(merge_condition):
             parse_expression(merge_condition, "merge_condition")
         self.clauses = check_clauses(clauses if clauses is not None else
@@ -832,13 +873,16 @@ class DeltaAppendOperator(DeltaBaseOperator):
     With ``partitions=``, every source row must belong to them (see ``source_outside_partitions``).
     """
 
-    template_fields: Sequence[str] = (*DeltaBaseOperator.template_fields, "source", "source_table", "source_query")
+    template_fields: Sequence[str] = (*DeltaBaseOperator.template_fields, "source", "source_table", "source_query",
+                                      "source_format")
     operation = "append"
 
     def __init__(self, *, source: str | None = None, source_table: str | None = None,
                  source_query: str | None = None, source_format: str = "delta", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         check_one_source(type(self).__name__, source, source_table, source_query)
+        if not templated(source_format):
+            check_source_format(source_format)
         self.source, self.source_table, self.source_query = source, source_table, source_query
         self.source_format = source_format
 

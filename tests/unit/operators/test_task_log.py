@@ -35,3 +35,19 @@ def test_the_condition_is_logged_as_the_sql_that_runs(sales_log: tuple[str, Snap
     [line] = [line for line in out.splitlines() if "condition:" in line]
     assert "Comparison(" not in line and "And(" not in line, line
     assert "`id` < 10" in line and "`country` = 'DE'" in line and "DATE'2024-01-01'" in line, line
+
+
+def test_the_retries_the_task_got_are_stated_at_its_start(sales_log: tuple[str, Snapshot],
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_DELTA_OCC_DEFAULT",
+                       json.dumps({"conn_type": "delta_occ", "extra": {"mode": "memory"}}))
+    monkeypatch.setenv("AIRFLOW__DELTA_OCC__TASK_RETRIES", "1")
+    operator = DeltaUpdateOperator(task_id="u", table=sales_log[0], set={"name": "upper(name)"},
+                                   partitions={"date": "2024-01-01", "country": "DE"})
+    with MemoryTransport(lambda spec: MemoryTransport.success()).registered("memory"):
+        operator.execute({"ti": SimpleNamespace(dag_id="d", task_id="u", map_index=-1, try_number=1, max_tries=1),
+                          "run_id": "manual__1"})
+    [line] = [line for line in capsys.readouterr().out.splitlines() if "retries:" in line]
+    assert "retries: 1 (a Delta task that sets none gets [delta_occ] task_retries = 1)" in line, line
+    assert "DeltaConflictRetryPolicy" in line, line

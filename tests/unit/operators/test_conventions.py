@@ -1,0 +1,81 @@
+"""What users of the official Spark and Databricks providers expect of an operator (issue #24): the
+run-time settings are templated (``SparkSubmitOperator`` templates its ``conf``), the parse-time ones
+say why they are not, and the retries a Delta task gets are stated."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from airflow.sdk import DAG
+
+from airflow_delta_occ.exceptions import JobSpecError
+from airflow_delta_occ.jobs.spec import SourceRef
+from airflow_delta_occ.operators.delta import (
+    DeltaAppendOperator,
+    DeltaMergeOperator,
+    DeltaOverwritePartitionsOperator,
+    DeltaUpdateOperator,
+)
+
+
+def _merge(**kwargs: Any) -> DeltaMergeOperator:
+    return DeltaMergeOperator(task_id="m", table="/lake/t", merge_condition="t.id = s.id",
+                              source=kwargs.pop("source", "/lake/src"), **kwargs)
+
+
+def test_spark_conf_connection_and_source_format_are_rendered(tmp_path: Path) -> None:
+    with DAG("conventions", schedule=None):
+        merge = _merge(spark_conf={"spark.sql.shuffle.partitions": "{{ params.n }}"},
+                       delta_conn_id="delta_{{ params.env }}", source_format="{{ params.fmt }}")
+    merge.render_template_fields({"params": {"n": 4, "env": "prod", "fmt": "parquet"}})  # type: ignore[arg-type]
+    assert merge.spark_conf == {"spark.sql.shuffle.partitions": "4"}
+    assert (merge.delta_conn_id, merge.source_format) == ("delta_prod", "parquet")
+    for operator in (DeltaMergeOperator, DeltaAppendOperator, DeltaOverwritePartitionsOperator):
+        assert "source_format" in operator.template_fields, operator
+    assert {"spark_conf", "delta_conn_id"} <= set(DeltaUpdateOperator.template_fields)
+    assert DeltaMergeOperator.template_fields_renderers["spark_conf"] == "json"
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("conflict_pool", "{{ params.pool }}"),
+    ("conflict_policies", {"ConcurrentAppendException": {"max_attempts": "{{ params.n }}"}}),
+])
+def test_a_template_in_a_parse_time_field_says_why_it_is_not_rendered(field: str, value: Any) -> None:
+    with pytest.raises(JobSpecError, match=rf"{field} is not templated: .*when the DAG is parsed"):
+        _merge(**{field: value})
+
+
+@pytest.mark.parametrize("value", ["", "delta; DROP", "json`", "../x", 3, None])
+def test_a_source_format_that_names_no_data_source_is_refused(value: Any) -> None:
+    with pytest.raises(JobSpecError, match="source_format"):
+        _merge(source_format=value)
+    with pytest.raises(JobSpecError, match="format"):
+        SourceRef(path="/lake/src", format=value)   # a rendered value is checked when the job is built
+
+
+@pytest.mark.parametrize("value", ["delta", "parquet", "json", "org.apache.spark.sql.avro.AvroFileFormat"])
+def test_data_source_names_and_classes_are_accepted(value: str) -> None:
+    assert _merge(source_format=value).source_format == value
+    assert SourceRef(path="/lake/src", format=value).format == value
+
+
+def test_spark_conf_must_be_a_mapping_of_names() -> None:
+    with pytest.raises(JobSpecError, match="spark_conf must be a mapping"):
+        _merge(spark_conf="spark.x=1")
+    with pytest.raises(JobSpecError, match="spark_conf"):
+        _merge(spark_conf={3: "1"})
+
+
+def test_the_provider_default_retries_are_documented_where_authors_look() -> None:
+    doc = DeltaMergeOperator.__mro__[1].__doc__ or ""
+    assert ":param retries:" in doc and "[delta_occ] task_retries" in doc
+
+
+def test_conflict_policies_nested_too_deep_is_a_typed_error() -> None:
+    deep: Any = {"max_attempts": 3}
+    for _ in range(5000):
+        deep = {"x": deep}
+    with pytest.raises(JobSpecError, match="conflict_policies"):
+        _merge(conflict_policies={"ConcurrentAppendException": deep})

@@ -4,6 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+# The lease store connection's form, as the provider's info gives it (Airflow 3 builds forms from this, not
+# from the hook); ``DeltaLeaseStoreHook.get_ui_field_behaviour`` returns the same.
+LEASE_STORE_FORM: dict[str, Any] = {
+    "hidden-fields": [],
+    "relabeling": {"schema": "Database"},
+    "placeholders": {"host": "PostgreSQL host (leave empty for SQLite)", "port": "5432", "schema": "delta_leases",
+                     "extra": '{"backend": "sqlite", "path": "/var/lib/airflow/delta_leases.db"}'},
+}
+
 
 def get_provider_info() -> dict[str, Any]:
     return {
@@ -68,11 +77,16 @@ def get_provider_info() -> dict[str, Any]:
                 "connection-type": "delta_occ_leases",
                 "hook-class-name": "airflow_delta_occ.hooks.leases.DeltaLeaseStoreHook",
                 "hook-name": "Delta conflict pool lease store (airflow-delta-occ)",
+                "ui-field-behaviour": LEASE_STORE_FORM,
                 "conn-fields": {
                     "backend": {"label": "Backend", "description": "postgresql (several hosts) or sqlite (one host)",
                                 "schema": {"type": ["string", "null"], "enum": ["postgresql", "sqlite", None]}},
                     "path": {"label": "SQLite file", "description": "absolute path of the SQLite database file",
                              "schema": {"type": ["string", "null"]}},
+                    "url": {"label": "Store URL",
+                            "description": "a SQLAlchemy URL instead of the fields above (postgresql://host/db or "
+                                           "sqlite:////path); the connection's password, if set, is used",
+                            "schema": {"type": ["string", "null"]}},
                 },
             },
         ],

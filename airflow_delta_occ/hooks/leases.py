@@ -90,9 +90,9 @@ class DeltaLeaseStoreHook(BaseHook):
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
-        return {"relabeling": {"schema": "Database"},
-                "placeholders": {"host": "PostgreSQL host (leave empty for SQLite)",
-                                 "extra": '{"backend": "sqlite", "path": "/var/lib/airflow/delta_leases.db"}'}}
+        from airflow_delta_occ.get_provider_info import LEASE_STORE_FORM
+
+        return {key.replace("-", "_"): value for key, value in LEASE_STORE_FORM.items()}
 
     @functools.cached_property
     def url(self) -> str:
@@ -183,6 +183,23 @@ def route_to_airflow_pool(kwargs: dict[str, Any], default_args: Mapping[str, Any
     pool = configured_pool(conflict_pool)
     if pool is not None and "pool" not in kwargs and "pool" not in (default_args or {}):
         kwargs["pool"] = pool.airflow_pool
+
+
+def check_pooled_literal(conflict_pool: str | None, table: str | None) -> None:
+    """At parse time: a literal table location (no template) of a task of a known pool must be in that pool,
+    so the mistake fails the DAG's import, not a run. A catalog name (``table_name=``) is resolved by the
+    catalog at run time; a templated location is checked once rendered (``pooled_table``).
+
+    Raises:
+        PoolConfigError: the pool file cannot be read, or the table is not in the pool.
+    """
+    from airflow_delta_occ.jobs.checks import templated
+
+    if conflict_pool is None or table is None or templated(table):
+        return
+    pool = configured_pool(conflict_pool)
+    if pool is not None:
+        pooled_table(pool, table)
 
 
 def pooled_table(pool: Pool, location: str) -> str:

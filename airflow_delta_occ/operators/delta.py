@@ -34,6 +34,7 @@ from airflow_delta_occ.exceptions import (
 from airflow_delta_occ.hooks.delta import DeltaSparkHook
 from airflow_delta_occ.hooks.leases import (
     DeltaLeaseStoreHook,
+    check_pooled_literal,
     configured_pool,
     lease_owner,
     pooled_table,
@@ -217,6 +218,7 @@ class DeltaBaseOperator(BaseOperator):
             raise PoolConfigError(f"deferrable must be True, False or None (adaptive), got {deferrable!r}")
         if conflict_pool is not None and (known := configured_pool(conflict_pool)) is not None:
             holding.WaitRule.of(deferrable, known, default_deferrable=config.default_deferrable())
+        check_pooled_literal(conflict_pool, table)
         super().__init__(**kwargs)
         self.table = table
         self.table_name = table_name
@@ -272,6 +274,7 @@ class DeltaBaseOperator(BaseOperator):
         _check_retry_policy("retry_policy", kwargs.get("retry_policy"))
         _default_retries(kwargs, defaults)
         route_to_airflow_pool(kwargs, defaults, kwargs.get("conflict_pool"))
+        check_pooled_literal(kwargs.get("conflict_pool"), kwargs.get("table"))
         return super().partial(**kwargs)
 
     # -- building the job -------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from airflow.sdk.exceptions import AirflowNotFoundException
 from airflow_delta_occ.exceptions import DeltaJobError, JobSpecError, LeaseLostError, LeaseStoreError
 from airflow_delta_occ.hooks.leases import (
     DeltaLeaseStoreHook,
+    check_pooled_literal,
     lease_owner,
     pooled_table,
     required_pool,
@@ -136,6 +137,7 @@ class DeltaConflictSensor(BaseSensorOperator):
                                       or not lease_ttl > 0):
             raise JobSpecError(f"lease_ttl must be a positive number of seconds, got {lease_ttl!r}")
         route_to_airflow_pool(kwargs, kwargs.get("default_args"), conflict_pool)
+        check_pooled_literal(conflict_pool, table)
         super().__init__(poke_interval=poke_interval, **kwargs)
         self.table = table
         self.operation = operation

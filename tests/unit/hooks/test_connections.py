@@ -93,3 +93,20 @@ def test_delta_jars_are_named_by_delta_sparks_own_helper() -> None:
     spark = ".".join(pyspark.__version__.split(".")[:2])
     assert delta_maven_coordinates() == f"io.delta:delta-spark_{spark}_2.13:{version('delta-spark')}"
     assert delta_submit_conf()["spark.jars.packages"] == delta_maven_coordinates()
+
+
+def test_the_lease_store_form_keeps_its_labels_placeholders_and_every_extra() -> None:
+    """Airflow 3 builds the form from the provider's info, not the hook (issue #24: the relabels were lost)."""
+    from airflow.providers_manager import ProvidersManager
+
+    from airflow_delta_occ.hooks.leases import DeltaLeaseStoreHook
+
+    manager = ProvidersManager()
+    shown = manager.field_behaviours["delta_occ_leases"]
+    assert shown["relabeling"] == {"schema": "Database"}, shown
+    assert "host" in shown["placeholders"] and "extra" in shown["placeholders"], shown
+    hook = DeltaLeaseStoreHook.get_ui_field_behaviour()
+    assert {k.replace("-", "_"): v for k, v in hook.items()} == shown   # one form, wherever it is read
+    fields = {k.removeprefix("extra__delta_occ_leases__") for k in manager.connection_form_widgets
+              if k.startswith("extra__delta_occ_leases__")}
+    assert fields == {"backend", "path", "url"}

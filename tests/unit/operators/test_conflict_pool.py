@@ -67,19 +67,22 @@ def test_missing_pool_file_fails_at_parse_time_naming_the_pool(tmp_path: Path, m
 
 
 def test_the_task_runs_in_the_pools_airflow_pool_unless_the_author_chose_one(pools: Path) -> None:
-    assert _update(conflict_pool="sales").pool == "delta_sales"
-    assert _update(conflict_pool="other").pool == "delta_occ_other"
-    assert _update(conflict_pool="sales", pool="mine").pool == "mine"
-    assert _update(conflict_pool="sales", default_args={"pool": "dag_wide"}).pool == "dag_wide"
+    sales = str(pools.parent / "sales")
+    assert _update(table=sales, conflict_pool="sales").pool == "delta_sales"
+    assert _update(table="s3://lake/other/t", conflict_pool="other").pool == "delta_occ_other"
+    assert _update(table=sales, conflict_pool="sales", pool="mine").pool == "mine"
+    assert _update(table=sales, conflict_pool="sales", default_args={"pool": "dag_wide"}).pool == "dag_wide"
 
 
 def test_mapped_tasks_are_routed_too(pools: Path) -> None:
     from airflow.sdk import DAG
 
     with DAG("d", schedule=None):
-        mapped = DeltaUpdateOperator.partial(task_id="u", table="/lake/t", conflict_pool="sales").expand(
-            set=[{"name": "'x'"}])
-    assert mapped.partial_kwargs["pool"] == "delta_sales"
+        mapped = DeltaUpdateOperator.partial(task_id="u", table=str(pools.parent / "sales"),
+                                             conflict_pool="sales").expand(set=[{"name": "'x'"}])
+        assert mapped.partial_kwargs["pool"] == "delta_sales"
+        with pytest.raises(PoolConfigError, match="is not in conflict pool 'sales'"):
+            DeltaUpdateOperator.partial(task_id="v", table="/lake/t", conflict_pool="sales")
 
 
 def test_without_conflict_pool_nothing_changes(pools: Path) -> None:
@@ -242,11 +245,16 @@ def test_a_trigger_error_is_a_lease_store_error(pools: Path, sales_log: tuple[st
                                                       event={"status": "error", "message": "no usable store"})
 
 
-def test_a_table_outside_the_pool_is_refused(pools: Path, sales_log: tuple[str, Snapshot],
-                                             store: SqlLeaseStore) -> None:
-    op = DeltaDeleteOperator(task_id="d", table=sales_log[0], where="id = 1", conflict_pool="other")
+def test_a_table_outside_the_pool_is_refused_at_parse_time_when_it_is_a_literal(
+        pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore) -> None:
+    with pytest.raises(PoolConfigError, match=r"table 'file://.*/sales' is not in conflict pool 'other'"):
+        DeltaDeleteOperator(task_id="d", table=sales_log[0], where="id = 1", conflict_pool="other")
+    # A templated location is checked once rendered, before any lease is asked for.
+    op = DeltaDeleteOperator(task_id="d", table="{{ params.table }}", where="id = 1", conflict_pool="other")
+    op.render_template_fields({"params": {"table": sales_log[0]}})  # type: ignore[arg-type]
     with pytest.raises(PoolConfigError, match=r"table 'file://.*/sales' is not in conflict pool 'other'"):
         op.execute(_context())
+    assert store.records() == []
 
 
 def test_the_lease_is_released_when_the_job_fails(pools: Path, sales_log: tuple[str, Snapshot],

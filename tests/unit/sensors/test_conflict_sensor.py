@@ -82,10 +82,11 @@ def test_bad_arguments_fail_at_parse_time(pools: Path, kwargs: dict[str, Any], e
 
 
 def test_the_sensor_runs_in_the_pools_airflow_pool_and_takes_planner_operations(pools: Path) -> None:
-    assert _sensor("/lake/t").pool == "delta_sales"
-    assert _sensor("/lake/t", pool="mine").pool == "mine"
-    assert _sensor("/lake/t", operation=" SET_Properties ").planner_operation == "SET_PROPERTIES"
-    assert _sensor("/lake/t", operation="append").planner_operation == "INSERT"
+    sales = str(pools.parent / "sales")
+    assert _sensor(sales).pool == "delta_sales"
+    assert _sensor(sales, pool="mine").pool == "mine"
+    assert _sensor(sales, operation=" SET_Properties ").planner_operation == "SET_PROPERTIES"
+    assert _sensor(sales, operation="append").planner_operation == "INSERT"
 
 
 def test_release_needs_exactly_one_source_of_the_lease() -> None:
@@ -279,7 +280,11 @@ def test_a_table_outside_the_pool_or_without_a_log_fails_before_asking(pools: Pa
     from airflow_delta_occ.engine.errors import TableNotFoundError
 
     with pytest.raises(PoolConfigError, match="is not in conflict pool 'sales'"):
-        _sensor(str(tmp_path / "elsewhere")).execute(_context())
+        _sensor(str(tmp_path / "elsewhere"))   # a literal location: when the DAG is parsed
+    sensor = _sensor("{{ params.table }}")
+    sensor.render_template_fields({"params": {"table": str(tmp_path / "elsewhere")}})  # type: ignore[arg-type]
+    with pytest.raises(PoolConfigError, match="is not in conflict pool 'sales'"):
+        sensor.execute(_context())
     with pytest.raises(TableNotFoundError):
         _sensor(str(tmp_path / "sales")).execute(_context())
     assert store.records() == []

@@ -13,7 +13,7 @@ from airflow_delta_occ.cli import commands
 from airflow_delta_occ.engine import DeltaLog
 from airflow_delta_occ.engine.planner import TableState, plan_footprint
 from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
-from airflow_delta_occ.pools.requests import LeaseRequest
+from airflow_delta_occ.pools.requests import LeaseRequest, utc_text
 
 from ..engine.logbuilder import LogBuilder, add, commit_info, metadata, protocol
 
@@ -23,14 +23,14 @@ pytestmark = pytest.mark.unit
 @pytest.mark.parametrize("epoch", [1e300, -1e300, 1e18, -1e18, 2**63, 10**400, math.inf, -math.inf, math.nan, 0.0,
                                    253402300800.0])
 def test_time_formatting_never_raises(epoch: float) -> None:
-    text = commands._time(epoch)
+    text = utc_text(epoch)
     assert isinstance(text, str) and text and len(text) < 80
 
 
 def test_time_formatting_of_ordinary_times() -> None:
-    assert commands._time(None) == "-"
-    assert commands._time(0) == "1970-01-01T00:00:00+00:00"
-    assert commands._time(1_700_000_000.5) == "2023-11-14T22:13:20+00:00"
+    assert utc_text(None) == "-"
+    assert utc_text(0) == "1970-01-01T00:00:00+00:00"
+    assert utc_text(1_700_000_000.5) == "2023-11-14T22:13:20+00:00"
 
 
 @pytest.mark.parametrize("clock", [1e12, 1e15, 1e18])

@@ -122,14 +122,32 @@ def _launch_jvm_without_secrets(options: Mapping[str, str]) -> None:
     first. ``SparkContext._ensure_initialized`` is the call pyspark makes itself for this; it does
     nothing when the JVM already runs. The s3 tier (``tests/s3/test_secrets.py``) scans every
     process's command line to keep this true for the pinned pyspark.
+
+    The JVM's stdout and stderr are piped to ``jvm_output``, which logs each line at the level it states:
+    left on the task process's stderr, Airflow would log all of them (Ivy's resolution at every start,
+    log4j's INFO and WARN) at ERROR.
     """
+    import subprocess
+
     from pyspark import SparkConf
     from pyspark.core.context import SparkContext
+    from pyspark.java_gateway import launch_gateway
 
+    from airflow_delta_occ.spark.jvm_output import start_relay
     from airflow_delta_occ.spark.storage import split_secret_confs
 
     public, _secrets = split_secret_confs(options)
-    SparkContext._ensure_initialized(conf=SparkConf(loadDefaults=False).setAll(list(public.items())))
+    conf = SparkConf(loadDefaults=False).setAll(list(public.items()))
+    with SparkContext._lock:
+        if SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
+            # Its output is relayed to logging at each line's own level (``jvm_output``), not left on the task's
+            # stderr, which Airflow logs at ERROR.
+            gateway = launch_gateway(conf, popen_kwargs={"stdout": subprocess.PIPE, "stderr": subprocess.PIPE})
+            start_relay(gateway.proc.stdout, "stdout")
+            start_relay(gateway.proc.stderr, "stderr")
+            SparkContext._ensure_initialized(gateway=gateway, conf=conf)
+            return
+    SparkContext._ensure_initialized(conf=conf)
 
 
 def main() -> None:

@@ -1,0 +1,57 @@
+"""The embedded Spark JVM's own output, relayed to Python logging at the level each line states.
+
+An embedded session's JVM (``spark-submit ... pyspark-shell``, started by pyspark) inherits the task
+process's stdout and stderr. Airflow's task supervisor logs every stderr line at ERROR, and the JVM
+writes its ordinary chatter there: about forty lines of Ivy's dependency resolution at every start,
+log4j's WARN and INFO lines. A successful task then showed more ERROR lines than INFO ones (issue #24).
+The session's JVM is therefore started with both streams piped into this module: a line that carries a
+log4j level (``25/11/27 10:00:00 WARN Utils: ...``) is logged at that level; a stack trace's lines
+(``\tat ...``, ``Caused by: ...``, ``... 12 more``) at DEBUG, after the headline they belong to, which keeps
+its own level; everything else (Ivy, banners) at INFO.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Iterable
+from typing import IO
+
+LOGGER_NAME = "airflow_delta_occ.spark.jvm"
+
+# A log4j line of Spark's default layouts: "yy/MM/dd HH:mm:ss LEVEL logger: message", or the level first
+# ("WARN  NativeCodeLoader: ..."), as Spark's console patterns print it.
+_LEVELLED = re.compile(r"^(?:\d{2,4}[/-]\d{2}[/-]\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?\s+)?"
+                       r"(TRACE|DEBUG|INFO|WARN|WARNING|ERROR|FATAL)\b")
+_STACK = re.compile(r"^(?:\s+at\s|\s*\.\.\.\s*\d+\s+more|Caused by:|\s+Suppressed:)")
+_LEVELS = {"TRACE": logging.DEBUG, "DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARN": logging.WARNING,
+           "WARNING": logging.WARNING, "ERROR": logging.ERROR, "FATAL": logging.CRITICAL}
+
+
+def line_level(line: str) -> int:
+    """The logging level a line of the JVM's output is relayed at (module docstring)."""
+    if _STACK.match(line):
+        return logging.DEBUG
+    found = _LEVELLED.match(line)
+    return _LEVELS[found.group(1)] if found else logging.INFO
+
+
+def relay_lines(lines: Iterable[str], logger: logging.Logger) -> None:
+    """Log each line at its level; blank lines are dropped."""
+    for raw in lines:
+        line = raw.rstrip("\r\n")
+        if line.strip():
+            logger.log(line_level(line), "%s", line)
+
+
+def start_relay(stream: IO[bytes], name: str) -> threading.Thread:
+    """Drain ``stream`` (a pipe of the JVM) in a daemon thread until it closes, relaying its lines: a pipe
+    nobody reads would stop the JVM once its buffer fills."""
+    def drain() -> None:
+        with stream:
+            relay_lines((raw.decode("utf-8", "replace") for raw in stream), logging.getLogger(LOGGER_NAME))
+
+    thread = threading.Thread(target=drain, name=f"delta-occ-jvm-{name}", daemon=True)
+    thread.start()
+    return thread

@@ -30,8 +30,9 @@ spark.stop()
 def test_the_jvm_writes_nothing_to_stderr_and_ivy_is_info(tmp_path: Path) -> None:
     from airflow_delta_occ.spark.session import delta_submit_conf
 
-    done = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "t"), delta_submit_conf()["spark.jars.packages"]],
-                          cwd=REPO, env=spark_env(tmp_path), capture_output=True, text=True, timeout=600, check=False)
+    packages = delta_submit_conf()["spark.jars.packages"]
+    done = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "t"), packages], cwd=REPO,
+                          env=spark_env(tmp_path), capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "ROWS 3" in done.stdout, done.stdout[-3000:]
     assert done.stderr.strip() == "", done.stderr[-3000:]   # nothing Airflow would log at ERROR

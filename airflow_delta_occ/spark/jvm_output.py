@@ -8,6 +8,9 @@ The session's JVM is therefore started with both streams piped into this module:
 log4j level (``25/11/27 10:00:00 WARN Utils: ...``) is logged at that level; a stack trace's lines
 (``\tat ...``, ``Caused by: ...``, ``... 12 more``) at DEBUG, after the headline they belong to, which keeps
 its own level; everything else (Ivy, banners) at INFO.
+
+Once the task is being killed (``after_kill``), the JVM's errors are the kill's expected fallout (cancelled
+tasks, a closed connection): they are logged at INFO at most, so the log's errors are the ones that matter.
 """
 
 from __future__ import annotations
@@ -37,12 +40,21 @@ def line_level(line: str) -> int:
     return _LEVELS[found.group(1)] if found else logging.INFO
 
 
+_KILLED = threading.Event()
+
+
+def after_kill() -> None:
+    """From now on this process's JVM is being stopped on purpose: its lines are logged at INFO at most."""
+    _KILLED.set()
+
+
 def relay_lines(lines: Iterable[str], logger: logging.Logger) -> None:
-    """Log each line at its level; blank lines are dropped."""
+    """Log each line at its level (capped at INFO after ``after_kill``); blank lines are dropped."""
     for raw in lines:
         line = raw.rstrip("\r\n")
         if line.strip():
-            logger.log(line_level(line), "%s", line)
+            level = line_level(line)
+            logger.log(min(level, logging.INFO) if _KILLED.is_set() else level, "%s", line)
 
 
 def start_relay(stream: IO[bytes], name: str) -> threading.Thread:

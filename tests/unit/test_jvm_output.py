@@ -33,3 +33,18 @@ def test_blank_lines_are_dropped_and_line_ends_stripped(caplog: pytest.LogCaptur
         relay_lines(["WARN X: y\n", "\n", "  \r\n", "plain\r\n"], logger)
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [(logging.WARNING, "WARN X: y"),
                                                                       (logging.INFO, "plain")]
+
+
+def test_after_a_kill_the_jvms_errors_are_information(caplog: pytest.LogCaptureFixture,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from airflow_delta_occ.spark import jvm_output
+
+    monkeypatch.setattr(jvm_output, "_KILLED", threading.Event())
+    logger = logging.getLogger("test.jvm.kill")
+    with caplog.at_level(logging.DEBUG, logger="test.jvm.kill"):
+        relay_lines(["ERROR TaskSchedulerImpl: Exception in statusUpdate"], logger)
+        jvm_output.after_kill()
+        relay_lines(["ERROR TaskSchedulerImpl: Exception in statusUpdate", "\tat x.y(Z.java:1)"], logger)
+    assert [r.levelno for r in caplog.records] == [logging.ERROR, logging.INFO, logging.DEBUG]

@@ -62,7 +62,11 @@ class EmbeddedTransport(SessionTransport):
         spark.sparkContext.setLocalProperty(INTERRUPT_ON_CANCEL, previous)
 
     def _cancel(self, running: RunningJob) -> None:
-        """Cancel the jobs tagged for this job (the session, the task process's own, is stopped next)."""
+        """Cancel the jobs tagged for this job (the session, the task process's own, is stopped next). What
+        the JVM logs from now on is the kill's fallout: logged at INFO at most (``jvm_output.after_kill``)."""
+        from airflow_delta_occ.spark.jvm_output import after_kill
+
+        after_kill()
         running.session.sparkContext.cancelJobsWithTag(running.tag)
         self.log.info("Cancelled the Spark jobs tagged %s", running.tag)
 

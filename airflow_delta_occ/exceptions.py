@@ -140,8 +140,23 @@ class JobKilledError(DeltaJobError):
     """The task was killed before its job committed: while the Spark job ran (``on_kill`` stopped it), or
     while it waited in the worker for its conflict-pool lease (the request is cancelled).
 
-    The table is at the version before the job (a commit is all or nothing); a retry runs it again.
+    The table is at the version before the job (a commit is all or nothing); a retry runs it again. The
+    operators read the Delta log before they say so: a kill that landed after the commit raises
+    ``JobKilledAfterCommitError`` instead.
     """
+
+
+class JobKilledAfterCommitError(DeltaJobError):
+    """The task was killed after its job committed: the write is in the table (``version``), so the task
+    fails though nothing is missing. Checked in the Delta log, not guessed: do not run the write again (a
+    retry of the same task run finds the commit and writes nothing, see ``idempotent``)."""
+
+    def __init__(self, message: str, *, version: int) -> None:
+        super().__init__(message)
+        self.version = version
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), str(self), {"version": self.version}))
 
 
 class SourceOutsidePartitionsError(JobSpecError):

@@ -150,6 +150,11 @@ class ConfirmedCommit:
     schema: StructType | None = None
 
 
+def run_commits(spec: JobSpec, commits: Sequence[Commit]) -> list[Commit]:
+    """The commits of ``commits`` made in the name of ``spec``'s series of tries (its userMetadata tag)."""
+    return [c for c in commits if spec.run.tagged(c.commit_info.user_metadata if c.commit_info else None)]
+
+
 def confirm_commit(spec: JobSpec, plan: ReadPlan, snapshot: Snapshot, commits: Sequence[Commit],
                    version: int, location: str) -> ConfirmedCommit:
     """Judge the commits after ``snapshot`` (or after ``version - 1``, if earlier) for the run's commit
@@ -161,7 +166,7 @@ def confirm_commit(spec: JobSpec, plan: ReadPlan, snapshot: Snapshot, commits: S
         CommitNotConfirmedError: no commit ``version`` tagged with the run.
         CommitOutsidePartitionsError: a commit of the run changed files outside its partitions.
     """
-    ours = [c for c in commits if spec.run.tagged(c.commit_info.user_metadata if c.commit_info else None)]
+    ours = run_commits(spec, commits)
     if version not in {c.version for c in ours}:
         raise CommitNotConfirmedError(f"version {version} of {location} is not tagged with run {spec.run.app_id}")
     for commit in ours:

@@ -24,6 +24,7 @@ from airflow_delta_occ.exceptions import (
     CommitNotConfirmedError,
     CommitOutsidePartitionsError,
     ConflictSkipped,
+    JobKilledAfterCommitError,
     JobKilledError,
     JobSpecError,
     LeaseError,
@@ -356,7 +357,36 @@ class DeltaBaseOperator(BaseOperator):
             result = self.hook.run(prepared.spec)
         except ConflictSkipped as exc:
             raise AirflowSkipException(str(exc)) from exc
+        except JobKilledError as exc:
+            self._raise_if_committed(prepared, exc)
+            raise
         return replace(result, run_started_at=round(run_started_at, 3))
+
+    def _raise_if_committed(self, prepared: PreparedJob, killed: JobKilledError) -> None:
+        """A kill can land after the job's commit (the job stops while it reports): read the Delta log, and if
+        this run's commit is there, say so where users look, so nobody runs a write again that happened.
+
+        Raises:
+            JobKilledAfterCommitError: the log holds a commit of this run after the job's snapshot.
+        """
+        from airflow_delta_occ.engine import DeltaLog
+        from airflow_delta_occ.jobs.verify import run_commits
+
+        try:
+            log = DeltaLog.for_table(prepared.location, credentials=self.hook.credentials_for(prepared.location))
+            ours = run_commits(prepared.spec, log.commits_after(prepared.snapshot.version))
+        except Exception as exc:   # unknown: the kill's own error stands, and says so
+            self.log.warning("the task was killed; whether its job committed could not be read from the Delta log "
+                             "of %s (%s): look for a commit of this run before running it again", prepared.location,
+                             exc)
+            return
+        if ours:
+            version = max(c.version for c in ours)
+            message = (f"the task was killed after its job committed version {version} of {prepared.location}: the "
+                       "write is in the table; do not run it again (a retry of this task run finds it and writes "
+                       "nothing)")
+            self.log.warning("%s", message)
+            raise JobKilledAfterCommitError(message, version=version) from killed
 
     def _finish(self, prepared: PreparedJob, result: JobResult, started: float) -> JobResult:
         """Confirm the commit in the Delta log, record lineage and log the outcome."""

@@ -5,6 +5,7 @@ The operator runs for real on a hand-written Delta log; only Spark is replaced (
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -51,3 +52,51 @@ def test_the_retries_the_task_got_are_stated_at_its_start(sales_log: tuple[str, 
     [line] = [line for line in capsys.readouterr().out.splitlines() if "retries:" in line]
     assert "retries: 1 (a Delta task that sets none gets [delta_occ] task_retries = 1)" in line, line
     assert "DeltaConflictRetryPolicy" in line, line
+
+
+def _killed_job(table: str, *, commit_first: bool) -> MemoryTransport:
+    """A job that is killed while it runs: having committed first (the kill came after the commit) or not."""
+    from ..engine.logbuilder import LogBuilder, add, commit_info
+
+    def job(spec: Any) -> Any:
+        if commit_first:
+            log = LogBuilder(Path(table))
+            log.commits = [[]] * 2   # versions 0 and 1 exist: this is version 2
+            log.commit(commit_info("MERGE", userMetadata=spec.run.user_metadata()),
+                       add("DE-new.parquet", {"date": "2024-01-01", "country": "DE"}))
+        transport.killed = True   # what on_kill sets before it stops the session
+        raise RuntimeError("Py4JError: the session was stopped")
+
+    transport = MemoryTransport(job)
+    return transport
+
+
+def test_a_kill_after_the_commit_says_the_write_is_in_the_table(sales_log: tuple[str, Snapshot],
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from airflow_delta_occ.exceptions import JobKilledAfterCommitError
+
+    monkeypatch.setenv("AIRFLOW_CONN_DELTA_OCC_DEFAULT",
+                       json.dumps({"conn_type": "delta_occ", "extra": {"mode": "memory"}}))
+    operator = DeltaUpdateOperator(task_id="u", table=sales_log[0], set={"name": "upper(name)"},
+                                   partitions={"date": "2024-01-01", "country": "DE"})
+    with _killed_job(sales_log[0], commit_first=True).registered("memory"), \
+            pytest.raises(JobKilledAfterCommitError, match=r"committed version 2 .*do not run it again") as killed:
+        operator.execute(_context())
+    assert killed.value.version == 2
+    [line] = [line for line in capsys.readouterr().out.splitlines() if "after its job committed" in line]
+    assert "version 2" in line and "warning" in line, line
+
+
+def test_a_kill_before_the_commit_says_nothing_was_written(sales_log: tuple[str, Snapshot],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_delta_occ.exceptions import JobKilledAfterCommitError, JobKilledError
+
+    monkeypatch.setenv("AIRFLOW_CONN_DELTA_OCC_DEFAULT",
+                       json.dumps({"conn_type": "delta_occ", "extra": {"mode": "memory"}}))
+    operator = DeltaUpdateOperator(task_id="u", table=sales_log[0], set={"name": "upper(name)"},
+                                   partitions={"date": "2024-01-01", "country": "DE"})
+    with _killed_job(sales_log[0], commit_first=False).registered("memory"), \
+            pytest.raises(JobKilledError, match="before it committed") as killed:
+        operator.execute(_context())
+    assert not isinstance(killed.value, JobKilledAfterCommitError)

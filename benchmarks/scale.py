@@ -308,7 +308,7 @@ def waiting_run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 def fault_run(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     hold = "flat:first" if name == "worker" else ""
     with deployment_for(work, days=args.fault_days, writers=args.fault_writers, hold=hold,
-                        concurrency=args.concurrency, ttl=args.ttl, heartbeat=args.heartbeat, faults=True) as (
+                        concurrency=args.concurrency, ttl=args.fault_ttl, heartbeat=args.heartbeat, faults=True) as (
             deployment, store, leases, root):
         fault = FAULTS[name] or scale.restart_postgres(leases)
         started = time.time()
@@ -330,7 +330,8 @@ def render(args: argparse.Namespace, report: dict[str, Any]) -> str:
     lines = [f"Measured {time.strftime('%Y-%m-%d')} on {machine()}; `python benchmarks/scale.py "
              f"{' '.join(sys.argv[1:])}`. Deployment: CeleryExecutor, Redis broker, 2 hosts x (scheduler, triggerer, "
              f"Celery worker with {args.concurrency} slots), DAG processor, API server; metadata and lease store on "
-             f"two PostgreSQL servers; one Spark Connect server (`local[2]`) for every job; pool TTL {args.ttl:g} s, "
+             f"two PostgreSQL servers; one Spark Connect server (`local[2]`) for every job; pool TTL {args.ttl:g} s "
+             f"(fault runs {args.fault_ttl:g} s), "
              f"heartbeat {args.heartbeat:g} s. Everything shares the machine's 2 cores.", ""]
     if dated := report.get(scale.DATED):
         lines += ["| date-partitioned backfill | makespan | tasks/min | mean Spark s per job | slot bound | "
@@ -388,7 +389,11 @@ def main() -> None:
     parser.add_argument("--fault-days", type=int, default=48)
     parser.add_argument("--fault-writers", type=int, default=24)
     parser.add_argument("--concurrency", type=int, default=4, help="slots per Celery worker")
-    parser.add_argument("--ttl", type=float, default=20.0)
+    # The main runs' TTL: a deferred task must resume within it after its grant, and a 20 s TTL collapsed the
+    # thousand conflicting MERGEs' hand-overs (docs/benchmarks.md); 120 s did not. The fault runs keep a short
+    # one so that a dead holder's lease ends soon.
+    parser.add_argument("--ttl", type=float, default=120.0)
+    parser.add_argument("--fault-ttl", type=float, default=20.0)
     parser.add_argument("--heartbeat", type=float, default=4.0)
     parser.add_argument("--timeout", type=float, default=3 * 3600.0)
     parser.add_argument("--dags", type=lambda text: tuple(f"delta_occ_scale_{d}" for d in text.split(",")),

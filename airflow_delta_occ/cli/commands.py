@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
     from airflow_delta_occ.pools.config import Pool, PoolConfig
+    from airflow_delta_occ.pools.requests import Blocker
 
 #: Airflow's own "unlimited" (``slot_pool.slots = -1``, counted as infinity by the scheduler): the slots of
 #: a conflict pool without ``max_writers``. Its leases still keep conflicting writers apart.
@@ -337,12 +338,18 @@ def leases(args: argparse.Namespace) -> None:
     try:
         held = store.holders(pool=args.pool, table=table)
         waiting = store.waiters(pool=args.pool, table=table)
+        blockers: dict[str, tuple[Blocker, ...]] = {}   # whom each waiter waits for, read (no heartbeat) pool by pool
+        for pool in sorted({r.pool for r in waiting}):
+            blockers.update(store.waiting_for(pool=pool))
         events = store.history(pool=args.pool, table=table, limit=args.history) if args.history else []
     finally:
         store.close()
     if args.output == "json":
         print(json.dumps({"conn_id": args.conn_id, "pool": args.pool, "table": table,
-                          "holders": [r.to_json() for r in held], "waiters": [r.to_json() for r in waiting],
+                          "holders": [r.to_json() for r in held],
+                          "waiters": [{**r.to_json(),
+                                       "waits_for": [b.to_json() for b in blockers.get(r.request_id, ())]}
+                                      for r in waiting],
                           "history": [e.to_json() for e in events]}, indent=2))
         return
     print(f"Holders ({len(held)})")
@@ -351,7 +358,8 @@ def leases(args: argparse.Namespace) -> None:
                   for r in held])
     print(f"\nWaiters ({len(waiting)}, in arrival order)")
     _print_table([{"pool": r.pool, "table": r.table, "owner": r.owner, "seq": r.seq,
-                   "requested_at": utc_text(r.requested_at), "summary": r.summary} for r in waiting])
+                   "requested_at": utc_text(r.requested_at), "summary": r.summary,
+                   "waits_for": _waits_for(blockers.get(r.request_id, ()))} for r in waiting])
     print(f"\nHistory (latest {len(events)}, oldest first)")
     _print_table([{"at": utc_text(e.at), "kind": e.kind.value, "pool": e.pool, "table": e.table, "owner": e.owner,
                    "summary": e.summary, "detail": _shorten(e.detail)} for e in events])
@@ -373,6 +381,16 @@ def _print_table(rows: Sequence[dict[str, Any]]) -> None:
 
 def _cell(value: object, none: str) -> str:
     return none if value is None else str(value)
+
+
+def _waits_for(blockers: Sequence[Blocker]) -> str:
+    """The first blocker's owner and reason (and how many more), for the listing's one line per waiter."""
+    if not blockers:
+        return "- (a grant is due)"
+    first = blockers[0]
+    who = first.owner or ("the pool's writer limit" if first.request_id is None else first.request_id)
+    more = f" (+{len(blockers) - 1} more)" if len(blockers) > 1 else ""
+    return _shorten(f"{who}: {first.reason}{more}")
 
 
 def _shorten(text: str) -> str:

@@ -442,6 +442,17 @@ class LeaseStore(ABC):
     def holders(self, *, pool: str | None = None, table: str | None = None) -> list[LeaseRecord]:
         return [r for r in self.records(pool=pool, table=table) if r.status is LeaseStatus.GRANTED]
 
+    def waiting_for(self, *, pool: str) -> dict[str, tuple[Blocker, ...]]:
+        """Whom each waiting request of ``pool`` waits for and why (every held lease it conflicts with, the
+        first request ahead of it, or the writer limit), by request id: what its own poll would answer,
+        decided on one unlocked read. A read only: nobody's heartbeat is given, nothing is granted."""
+        read = _PoolRead.of(*self._read(pool))
+        decision = _decide(read.rows, self.judge, read.now)
+        explaining = _Explaining(read.rows, self.judge)
+        return {row.request_id: explaining(LeaseState(row.request_id, LeaseStatus.WAITING, read.now, row.record,
+                                                      decision.blockers.get(row.request_id, ()))).blockers
+                for row in read.rows if row.record.status is LeaseStatus.WAITING}
+
     def waiters(self, *, pool: str | None = None, table: str | None = None) -> list[LeaseRecord]:
         return [r for r in self.records(pool=pool, table=table) if r.status is LeaseStatus.WAITING]
 

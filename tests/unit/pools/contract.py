@@ -121,6 +121,19 @@ class LeaseStoreContract:
         assert store.release(first.request_id, "first")
         assert store.poll(second.request_id, "second").granted
 
+    def test_whom_each_waiter_waits_for_is_read_without_a_heartbeat(
+            self, store: LeaseStore, request_for: Request) -> None:
+        held = store.acquire(request_for("held", "UPDATE", "country = 'DE'"))
+        behind = store.acquire(request_for("behind", "DELETE", "country = 'DE' AND id = 3"))
+        later = store.acquire(request_for("later", "OPTIMIZE"))   # conflicts with both: waits behind "behind" too
+        revision = store.revision("sales")
+        found = store.waiting_for(pool="sales")
+        assert set(found) == {behind.request_id, later.request_id}
+        assert [b.request_id for b in found[behind.request_id]] == [held.request_id]
+        assert {b.request_id for b in found[later.request_id]} >= {held.request_id}
+        assert all(b.reason for blockers in found.values() for b in blockers)
+        assert store.revision("sales") == revision and store.waiting_for(pool="nobody") == {}
+
     def test_a_release_grants_the_next_waiter_in_the_same_transaction(
             self, store: LeaseStore, request_for: Request) -> None:
         first = store.acquire(request_for("first", "OPTIMIZE"))

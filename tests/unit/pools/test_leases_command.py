@@ -62,3 +62,37 @@ def test_a_history_count_out_of_range_is_a_usage_error(capsys: pytest.CaptureFix
         commands.leases(args)
     assert info.value.code == commands.EXIT_USAGE
     assert "--history must be from 0 to 100000" in capsys.readouterr().err
+
+
+def test_each_waiter_is_listed_with_whom_it_waits_for_and_why(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue #24: the listing said who waits, not on whom; the store explains it from a read (no heartbeat)."""
+    db = tmp_path / "leases.db"
+    monkeypatch.setenv("AIRFLOW_CONN_DELTA_OCC_LEASES", json.dumps(
+        {"conn_type": "delta_occ_leases", "extra": {"backend": "sqlite", "path": str(db)}}))
+    builder = LogBuilder(tmp_path / "sales")
+    builder.commit(commit_info("CREATE TABLE"), protocol(), metadata())
+    builder.commit(commit_info(), add("DE-0.parquet", {"date": "2024-01-01", "country": "DE"}))
+    snapshot = DeltaLog.for_table(builder.root).snapshot()
+
+    def request(owner: str, operation: str, predicate: str | None) -> LeaseRequest:
+        return LeaseRequest.of(pool="sales", table="file:///sales", owner=owner, ttl=600.0,
+                               table_state=TableState.of(snapshot),
+                               footprint=plan_footprint(snapshot, operation, predicate, label=owner))
+
+    with SqlLeaseStore(f"sqlite:///{db}") as store:
+        assert store.acquire(request("optimizer", "OPTIMIZE", None)).granted
+        waiting = store.acquire(request("updater", "UPDATE", "country = 'DE'"))
+        assert not waiting.granted
+        before = [(r.request_id, r.expires_at) for r in store.waiters()]
+        assert store.waiting_for(pool="sales")[waiting.request_id][0].owner == "optimizer"
+        assert [(r.request_id, r.expires_at) for r in store.waiters()] == before   # a read: no heartbeat given
+    args = argparse.Namespace(table=None, pool="sales", history=0, conn_id="delta_occ_leases", output="table",
+                              verbose=False)
+    commands.leases(args)
+    waiters = capsys.readouterr().out.split("Waiters")[1]
+    assert "WAITS_FOR" in waiters and "optimizer" in waiters.split("updater", 1)[1], waiters
+    commands.leases(argparse.Namespace(**{**vars(args), "output": "json"}))
+    shown = json.loads(capsys.readouterr().out)
+    [waiter] = shown["waiters"]
+    assert [b["owner"] for b in waiter["waits_for"]] == ["optimizer"] and waiter["waits_for"][0]["reason"], waiter

@@ -151,12 +151,13 @@ class JobKilledAfterCommitError(DeltaJobError):
     fails though nothing is missing. Checked in the Delta log, not guessed: do not run the write again (a
     retry of the same task run finds the commit and writes nothing, see ``idempotent``)."""
 
-    def __init__(self, message: str, *, version: int) -> None:
+    def __init__(self, message: str, *, version: int, idempotent: bool = True) -> None:
         super().__init__(message)
         self.version = version
+        self.idempotent = idempotent   # False: a retry would write again (``DeltaConflictRetryPolicy`` fails it)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (type(self), str(self), {"version": self.version}))
+        return (_rebuild, (type(self), str(self), {"version": self.version, "idempotent": self.idempotent}))
 
 
 class SourceOutsidePartitionsError(JobSpecError):

@@ -32,6 +32,7 @@ from airflow.policies import hookimpl
 
 from airflow_delta_occ import config
 from airflow_delta_occ.exceptions import PoolConfigError
+from airflow_delta_occ.jobs.checks import templated
 
 if TYPE_CHECKING:
     from airflow_delta_occ.pools.config import Pool
@@ -40,7 +41,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_AIRFLOW_POOL = "default_pool"  # Airflow's Pool.DEFAULT_POOL_NAME: a task left there chose no pool
 _PROVIDER_PACKAGE = "airflow_delta_occ."
-_JINJA_MARKERS = ("{{", "{%", "{#")
 
 
 @hookimpl
@@ -90,7 +90,7 @@ def _assigned_pool(view: _DeltaTask) -> Pool | None:
     if not config.assign_pools():
         return None
     table = view.table
-    if not isinstance(table, str) or not table.strip() or any(m in table for m in _JINJA_MARKERS):
+    if not isinstance(table, str) or not table.strip() or templated(table):
         log.debug("task %r: no literal table to match against the pool file (table=%r)", view.task_id, table)
         return None
     pools = config.pool_config()

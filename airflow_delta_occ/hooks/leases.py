@@ -195,8 +195,8 @@ def check_pooled_literal(conflict_pool: str | None, table: str | None) -> None:
     """
     from airflow_delta_occ.jobs.checks import templated
 
-    if conflict_pool is None or table is None or templated(table):
-        return
+    if conflict_pool is None or not isinstance(table, str) or templated(table):
+        return   # no location, an XComArg or another value resolved at run time, or a template
     pool = configured_pool(conflict_pool)
     if pool is not None:
         pooled_table(pool, table)

@@ -100,6 +100,20 @@ def _mask(credentials: StorageCredentials) -> None:
             mask_secret(value)
 
 
+def mask_secret_confs(conf: Mapping[str, Any]) -> None:
+    """Register the values of secret Spark confs (``spark.storage.is_secret_conf``: storage keys, tokens) with
+    Airflow's log masker: a templated ``spark_conf`` is shown rendered in the UI, and names such as
+    ``fs.azure.account.key.<host>`` are not among the ones Airflow masks by itself."""
+    from airflow.sdk.log import mask_secret
+
+    from airflow_delta_occ.spark.storage import split_secret_confs
+
+    _, secrets = split_secret_confs({str(k): v for k, v in conf.items()})
+    for value in secrets.values():
+        if isinstance(value, str) and value:
+            mask_secret(value)
+
+
 def mask_uri_secrets(*locations: str | None) -> None:
     """Register the credentials a table or source URI holds (``s3a://KEYID:SECRET@bucket``, a SAS
     ``?sig=``) with Airflow's log masker. The engine refuses such URIs and its messages show them

@@ -26,9 +26,13 @@ if TYPE_CHECKING:  # reading a table loads pyarrow; the checks themselves do not
 CLAUSE_FIELDS = frozenset({"kind", "condition", "set"})
 
 
+JINJA_MARKERS = ("{{", "{%", "{#")   # an expression, a statement, a comment
+
+
 def templated(value: Any) -> bool:
-    """Whether a value still holds a Jinja template: it is checked once rendered, not at parse time."""
-    return isinstance(value, str) and "{{" in value
+    """Whether a value still holds a Jinja template (any of its markers): it is checked once rendered, not at
+    parse time."""
+    return isinstance(value, str) and any(marker in value for marker in JINJA_MARKERS)
 
 
 SQL_FILE_SUFFIX = ".sql"

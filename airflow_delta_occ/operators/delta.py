@@ -9,6 +9,7 @@ run time, and the final condition that ran) is the task's XCom return value.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -42,6 +43,7 @@ from airflow_delta_occ.hooks.leases import (
     required_pool,
     route_to_airflow_pool,
 )
+from airflow_delta_occ.hooks.storage import mask_secret_confs
 from airflow_delta_occ.jobs.build import (
     SOURCE_OUTSIDE_ACTIONS,
     AppendArguments,
@@ -195,6 +197,12 @@ class DeltaBaseOperator(BaseOperator):
         if spark_conf is not None and (not isinstance(spark_conf, Mapping)
                                        or not all(isinstance(k, str) and k.strip() for k in spark_conf)):
             raise JobSpecError(f"spark_conf must be a mapping of Spark setting names to values, got {spark_conf!r:.80}")
+        for key, value in (spark_conf or {}).items():
+            if isinstance(value, str) and (found := _SPARK_PLACEHOLDER.search(_RAW_BLOCK.sub("", value))):
+                raise JobSpecError(
+                    f"spark_conf[{key!r}]: {found.group(0)} is Spark's own placeholder, but spark_conf is rendered by "
+                    f"Airflow's Jinja first; write it as {{{{ '{found.group(0)}' }}}} or inside "
+                    "{% raw %}...{% endraw %}")
         if delta_conn_id is not None and (not isinstance(delta_conn_id, str) or not delta_conn_id.strip()):
             raise JobSpecError(f"delta_conn_id must be a connection id or None, got {delta_conn_id!r}")
         if source_outside_partitions not in SOURCE_OUTSIDE_ACTIONS:
@@ -261,6 +269,8 @@ class DeltaBaseOperator(BaseOperator):
                     raise JobSpecError(f"{name}: cannot read the SQL file {value!r} (looked under the DAG folder and "
                                        f"template_searchpath): {type(exc).__name__}: {exc}") from exc
         super().render_template_fields(context, env)
+        if isinstance(self.spark_conf, Mapping):   # shown rendered in the UI: a secret conf's value is masked
+            mask_secret_confs(self.spark_conf)
 
     @classmethod
     def partial(cls, **kwargs: Any) -> Any:
@@ -334,8 +344,8 @@ class DeltaBaseOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         started = time.monotonic()
         self._kill_requested = threading.Event()   # set by on_kill: a lease wait or a granted lease stops
-        self.log.info("retries: %s (a Delta task that sets none gets [delta_occ] task_retries = %s); conflicts "
-                      "are retried by %s", self.retries, config.task_retries(), type(self.retry_policy).__name__
+        self.log.info("retries: %s (a Delta task that sets none gets [delta_occ] task_retries); conflicts are "
+                      "retried by %s", self.retries, type(self.retry_policy).__name__
                       if getattr(self, "retry_policy", None) is not None else "Airflow's retries only")
         self._warm_up_early(context)
         prepared = self.prepare(context)
@@ -381,12 +391,14 @@ class DeltaBaseOperator(BaseOperator):
                              exc)
             return
         if ours:
-            version = max(c.version for c in ours)
+            version = min(c.version for c in ours)   # the job's own; Delta's auto-compaction after it carries its tag
+            idempotent = prepared.spec.idempotent
             message = (f"the task was killed after its job committed version {version} of {prepared.location}: the "
-                       "write is in the table; do not run it again (a retry of this task run finds it and writes "
-                       "nothing)")
+                       "write is in the table; do not run it again" + (
+                           " (a retry of this task run finds it and writes nothing)" if idempotent else
+                           " (idempotent=False: a retry would write it again, so this failure is not retried)"))
             self.log.warning("%s", message)
-            raise JobKilledAfterCommitError(message, version=version) from killed
+            raise JobKilledAfterCommitError(message, version=version, idempotent=idempotent) from killed
 
     def _finish(self, prepared: PreparedJob, result: JobResult, started: float) -> JobResult:
         """Confirm the commit in the Delta log, record lineage and log the outcome."""
@@ -776,6 +788,13 @@ def _check_retry_policy(where: str, policy: Any) -> None:
     if policy is not None and not isinstance(policy, RetryPolicy):
         raise JobSpecError(f"{where} must be an airflow.sdk RetryPolicy (e.g. airflow_delta_occ.operators.retry_policy."
                            f"DeltaConflictRetryPolicy, or left unset for it), got {type(policy).__name__}")
+
+
+# Spark's and YARN's own placeholders in confs (``{{APP_ID}}``, ``{{EXECUTOR_ID}}``): upper case, which Airflow's
+# context names never are. Jinja would fail on them (undefined) when spark_conf is rendered.
+# One quoted as a Jinja string (``{{ '{{APP_ID}}' }}``) or inside ``{% raw %}`` is written right.
+_SPARK_PLACEHOLDER = re.compile(r"(?<!['\"])\{\{\s*[A-Z][A-Z0-9_]*\s*\}\}(?!['\"])")
+_RAW_BLOCK = re.compile(r"\{%-?\s*raw\s*-?%\}.*?\{%-?\s*endraw\s*-?%\}", re.DOTALL)
 
 
 def _holds_template(value: object) -> bool:

@@ -36,6 +36,7 @@ from airflow_delta_occ.engine.errors import (
 from airflow_delta_occ.exceptions import (
     CommitOutsidePartitionsError,
     ConflictFailure,
+    JobKilledAfterCommitError,
     JobSpecError,
     ProviderConfigError,
     UnsafeLogStoreError,
@@ -87,6 +88,8 @@ class DeltaConflictRetryPolicy(RetryPolicy):
                  context: Any = None) -> RetryDecision:
         if PERMANENT.matches(exception):
             return RetryDecision(RetryAction.FAIL, reason=f"not retriable: {type(exception).__name__}: {exception}")
+        if isinstance(exception, JobKilledAfterCommitError) and not exception.idempotent:
+            return RetryDecision(RetryAction.FAIL, reason=f"not retried, a retry would write again: {exception}")
         kind = exception.kind if isinstance(exception, ConflictFailure) else classify_conflict(exception)
         if kind is None:
             return RetryDecision(RetryAction.DEFAULT)

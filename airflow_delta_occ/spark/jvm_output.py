@@ -27,7 +27,10 @@ LOGGER_NAME = "airflow_delta_occ.spark.jvm"
 # ("WARN  NativeCodeLoader: ..."), as Spark's console patterns print it.
 _LEVELLED = re.compile(r"^(?:\d{2,4}[/-]\d{2}[/-]\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?\s+)?"
                        r"(TRACE|DEBUG|INFO|WARN|WARNING|ERROR|FATAL)\b")
-_STACK = re.compile(r"^(?:\s+at\s|\s*\.\.\.\s*\d+\s+more|Caused by:|\s+Suppressed:)")
+_STACK = re.compile(r"^(?:\s+at\s|\s*\.\.\.\s*\d+\s+more|\s*Caused by:|\s+Suppressed:)")
+# What the JVM writes without log4j when it is in trouble: an uncaught exception, memory, a crash report.
+_FATAL = re.compile(r"^(?:Exception in thread |Error: |#\s+A fatal error has been detected"
+                    r"|.*java\.lang\.OutOfMemoryError)")
 _LEVELS = {"TRACE": logging.DEBUG, "DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARN": logging.WARNING,
            "WARNING": logging.WARNING, "ERROR": logging.ERROR, "FATAL": logging.CRITICAL}
 
@@ -37,7 +40,9 @@ def line_level(line: str) -> int:
     if _STACK.match(line):
         return logging.DEBUG
     found = _LEVELLED.match(line)
-    return _LEVELS[found.group(1)] if found else logging.INFO
+    if found:
+        return _LEVELS[found.group(1)]
+    return logging.ERROR if _FATAL.match(line) else logging.INFO
 
 
 _KILLED = threading.Event()
@@ -48,21 +53,35 @@ def after_kill() -> None:
     _KILLED.set()
 
 
+def expect_errors() -> None:
+    """A new job starts (``dag.test()`` or a long-lived process may run several): its errors are errors again."""
+    _KILLED.clear()
+
+
 def relay_lines(lines: Iterable[str], logger: logging.Logger) -> None:
     """Log each line at its level (capped at INFO after ``after_kill``); blank lines are dropped."""
     for raw in lines:
-        line = raw.rstrip("\r\n")
+        # Spark's console progress bar rewrites its line with carriage returns and no newline: what follows the
+        # last one is the line (a log4j line the bar ran into keeps its level).
+        line = raw.rstrip("\r\n").rsplit("\r", 1)[-1]
         if line.strip():
             level = line_level(line)
             logger.log(min(level, logging.INFO) if _KILLED.is_set() else level, "%s", line)
 
 
 def start_relay(stream: IO[bytes], name: str) -> threading.Thread:
-    """Drain ``stream`` (a pipe of the JVM) in a daemon thread until it closes, relaying its lines: a pipe
-    nobody reads would stop the JVM once its buffer fills."""
+    """Drain ``stream`` (the read end of a pipe the JVM writes to) in a daemon thread until every write end is
+    closed, relaying its lines. It must run before the JVM starts: a pipe nobody reads stops the JVM once
+    its buffer fills, and what a JVM that fails to start writes is the reason it failed."""
     def drain() -> None:
+        logger = logging.getLogger(LOGGER_NAME)
         with stream:
-            relay_lines((raw.decode("utf-8", "replace") for raw in stream), logging.getLogger(LOGGER_NAME))
+            try:
+                relay_lines((raw.decode("utf-8", "replace") for raw in stream), logger)
+            except Exception:   # a logging failure must not stop the draining: the JVM would block
+                logger.exception("relaying the Spark JVM's %s failed; the rest is discarded", name)
+                for _ in stream:
+                    pass
 
     thread = threading.Thread(target=drain, name=f"delta-occ-jvm-{name}", daemon=True)
     thread.start()

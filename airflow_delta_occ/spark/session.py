@@ -12,6 +12,7 @@ this before the timed tests).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import tempfile
 import time
@@ -92,6 +93,7 @@ def local_delta_session(
         "spark.sql.shuffle.partitions": "2",
         "spark.default.parallelism": "2",
         "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",   # a progress bar redrawn with carriage returns, in a task log
         "spark.sql.warehouse.dir": warehouse,
         "spark.driver.extraJavaOptions": f"-Dderby.system.home={warehouse}",
         "spark.databricks.delta.snapshotPartitions": "2",
@@ -127,8 +129,6 @@ def _launch_jvm_without_secrets(options: Mapping[str, str]) -> None:
     left on the task process's stderr, Airflow would log all of them (Ivy's resolution at every start,
     log4j's INFO and WARN) at ERROR.
     """
-    import subprocess
-
     from pyspark import SparkConf
     from pyspark.core.context import SparkContext
     from pyspark.java_gateway import launch_gateway
@@ -141,10 +141,16 @@ def _launch_jvm_without_secrets(options: Mapping[str, str]) -> None:
     with SparkContext._lock:
         if SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
             # Its output is relayed to logging at each line's own level (``jvm_output``), not left on the task's
-            # stderr, which Airflow logs at ERROR.
-            gateway = launch_gateway(conf, popen_kwargs={"stdout": subprocess.PIPE, "stderr": subprocess.PIPE})
-            start_relay(gateway.proc.stdout, "stdout")
-            start_relay(gateway.proc.stderr, "stderr")
+            # stderr, which Airflow logs at ERROR. The pipes are drained from before the JVM starts: pyspark waits
+            # for the JVM's port without reading them, and a JVM that fails to start says why on them.
+            ends = [os.pipe(), os.pipe()]
+            for (read_end, _), name in zip(ends, ("stdout", "stderr"), strict=True):
+                start_relay(os.fdopen(read_end, "rb"), name)
+            try:
+                gateway = launch_gateway(conf, popen_kwargs={"stdout": ends[0][1], "stderr": ends[1][1]})
+            finally:
+                for _, write_end in ends:   # the JVM holds its own copies; the relays end when it exits
+                    os.close(write_end)
             SparkContext._ensure_initialized(gateway=gateway, conf=conf)
             return
     SparkContext._ensure_initialized(conf=conf)
@@ -154,6 +160,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Local Spark + Delta session utilities")
     parser.add_argument("--resolve-jars", action="store_true", help="download Delta jars into the cache")
     args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")   # the JVM's output (Ivy's resolution) is logged
     if args.resolve_jars:
         start = time.perf_counter()
         spark = local_delta_session("resolve-jars")

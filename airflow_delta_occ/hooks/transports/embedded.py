@@ -51,6 +51,9 @@ class EmbeddedTransport(SessionTransport):
     def _tag(self, spark: Any, tag: str) -> Any:
         """A SparkContext job tag (thread-local, inherited by the runner's private session) with
         interrupt-on-cancel, so a cancelled task stops at once instead of finishing its partition."""
+        from airflow_delta_occ.spark.jvm_output import expect_errors
+
+        expect_errors()   # an earlier job of this process may have been killed: this one's errors count
         context = spark.sparkContext
         context.addJobTag(tag)
         previous = context.getLocalProperty(INTERRUPT_ON_CANCEL)

@@ -21,7 +21,7 @@ from airflow_delta_occ.operators.delta import (
 
 
 def _merge(**kwargs: Any) -> DeltaMergeOperator:
-    return DeltaMergeOperator(task_id="m", table="/lake/t", merge_condition="t.id = s.id",
+    return DeltaMergeOperator(task_id="m", table=kwargs.pop("table", "/lake/t"), merge_condition="t.id = s.id",
                               source=kwargs.pop("source", "/lake/src"), **kwargs)
 
 
@@ -79,3 +79,60 @@ def test_conflict_policies_nested_too_deep_is_a_typed_error() -> None:
         deep = {"x": deep}
     with pytest.raises(JobSpecError, match="conflict_policies"):
         _merge(conflict_policies={"ConcurrentAppendException": deep})
+
+
+def test_jinja_statements_count_as_templates_at_parse_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``{% ... %}`` and ``{# ... #}`` are templates as much as ``{{ ... }}``: checked once rendered."""
+    pools = tmp_path / "pools.toml"
+    pools.write_text('[pools.other]\ntables = ["s3://lake/other/**"]\n')
+    monkeypatch.setenv("AIRFLOW__DELTA_OCC__POOL_FILE", str(pools))
+    statement = "{% if params.x %}s3://lake/other/t{% else %}s3://lake/other/u{% endif %}"
+    assert _merge(table=statement, conflict_pool="other").table == statement
+    assert _merge(source_format="{% if params.csv %}csv{% else %}parquet{% endif %}").source_format.startswith("{%")
+    assert _merge(source_format="parquet{# the landing zone's #}").source_format.endswith("#}")
+
+
+def test_a_mapped_table_is_checked_when_it_is_known(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``partial(table=<an XComArg>)`` is resolved at run time: nothing to check when the DAG is parsed."""
+    from airflow.sdk import DAG, task
+
+    pools = tmp_path / "pools.toml"
+    pools.write_text('[pools.other]\ntables = ["s3://lake/other/**"]\n')
+    monkeypatch.setenv("AIRFLOW__DELTA_OCC__POOL_FILE", str(pools))
+
+    @task
+    def where() -> str:
+        return "s3://lake/other/t"
+
+    with DAG("mapped_tables", schedule=None):
+        DeltaUpdateOperator.partial(task_id="u", table=where(), conflict_pool="other").expand(
+            set=[{"name": "'x'"}])
+
+
+def test_sparks_own_placeholders_in_spark_conf_say_how_to_write_them() -> None:
+    """Spark fills ``{{APP_ID}}`` itself; Jinja renders spark_conf first and would fail on it, undefined."""
+    with pytest.raises(JobSpecError, match=r"\{\{APP_ID\}\} is Spark's own placeholder.*\{% raw %\}"):
+        _merge(spark_conf={"spark.executor.extraJavaOptions": "-Xlog:gc:/tmp/gc-{{APP_ID}}.log"})
+    with DAG("raw_conf", schedule=None):
+        merge = _merge(spark_conf={"spark.executor.extraJavaOptions": "-Xlog:gc:/tmp/gc-{{ '{{APP_ID}}' }}.log"})
+    merge.render_template_fields({"params": {}})  # type: ignore[arg-type]
+    assert merge.spark_conf == {"spark.executor.extraJavaOptions": "-Xlog:gc:/tmp/gc-{{APP_ID}}.log"}
+
+
+def test_a_secret_spark_conf_is_masked_once_rendered(monkeypatch: pytest.MonkeyPatch) -> None:
+    import airflow.sdk.log
+
+    masked: list[str] = []
+    monkeypatch.setattr(airflow.sdk.log, "mask_secret", lambda value, name=None: masked.append(value))
+    with DAG("secret_conf", schedule=None):
+        merge = _merge(spark_conf={"spark.hadoop.fs.azure.account.key.acct.dfs.core.windows.net": "{{ params.key }}",
+                                   "spark.sql.shuffle.partitions": "4"})
+    merge.render_template_fields({"params": {"key": "s3cr3t=="}})  # type: ignore[arg-type]
+    assert masked == ["s3cr3t=="]
+
+
+def test_a_raw_block_keeps_sparks_placeholder() -> None:
+    with DAG("raw_block", schedule=None):
+        merge = _merge(spark_conf={"spark.executor.extraJavaOptions": "{% raw %}-Dapp={{APP_ID}}{% endraw %}"})
+    merge.render_template_fields({"params": {}})  # type: ignore[arg-type]
+    assert merge.spark_conf == {"spark.executor.extraJavaOptions": "-Dapp={{APP_ID}}"}

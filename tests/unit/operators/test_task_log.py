@@ -50,12 +50,13 @@ def test_the_retries_the_task_got_are_stated_at_its_start(sales_log: tuple[str, 
         operator.execute({"ti": SimpleNamespace(dag_id="d", task_id="u", map_index=-1, try_number=1, max_tries=1),
                           "run_id": "manual__1"})
     [line] = [line for line in capsys.readouterr().out.splitlines() if "retries:" in line]
-    assert "retries: 1 (a Delta task that sets none gets [delta_occ] task_retries = 1)" in line, line
+    assert "retries: 1 (a Delta task that sets none gets [delta_occ] task_retries)" in line, line
     assert "DeltaConflictRetryPolicy" in line, line
 
 
-def _killed_job(table: str, *, commit_first: bool) -> MemoryTransport:
-    """A job that is killed while it runs: having committed first (the kill came after the commit) or not."""
+def _killed_job(table: str, *, commit_first: bool, compacted: bool = False) -> MemoryTransport:
+    """A job that is killed while it runs: having committed first (the kill came after the commit; with Delta's
+    auto-compaction after it, which carries the job's tag too) or not."""
     from ..engine.logbuilder import LogBuilder, add, commit_info
 
     def job(spec: Any) -> Any:
@@ -64,6 +65,9 @@ def _killed_job(table: str, *, commit_first: bool) -> MemoryTransport:
             log.commits = [[]] * 2   # versions 0 and 1 exist: this is version 2
             log.commit(commit_info("MERGE", userMetadata=spec.run.user_metadata()),
                        add("DE-new.parquet", {"date": "2024-01-01", "country": "DE"}))
+            if compacted:
+                log.commit(commit_info("OPTIMIZE", userMetadata=spec.run.user_metadata()),
+                           add("DE-compacted.parquet", {"date": "2024-01-01", "country": "DE"}, data_change=False))
         transport.killed = True   # what on_kill sets before it stops the session
         raise RuntimeError("Py4JError: the session was stopped")
 
@@ -100,3 +104,22 @@ def test_a_kill_before_the_commit_says_nothing_was_written(sales_log: tuple[str,
             pytest.raises(JobKilledError, match="before it committed") as killed:
         operator.execute(_context())
     assert not isinstance(killed.value, JobKilledAfterCommitError)
+
+
+@pytest.mark.parametrize("idempotent", [True, False])
+def test_a_kill_after_the_commit_names_the_jobs_version_and_whether_a_retry_writes_again(
+        sales_log: tuple[str, Snapshot], monkeypatch: pytest.MonkeyPatch, idempotent: bool) -> None:
+    from airflow_delta_occ.exceptions import JobKilledAfterCommitError
+    from airflow_delta_occ.operators.retry_policy import DeltaConflictRetryPolicy
+
+    monkeypatch.setenv("AIRFLOW_CONN_DELTA_OCC_DEFAULT",
+                       json.dumps({"conn_type": "delta_occ", "extra": {"mode": "memory"}}))
+    operator = DeltaUpdateOperator(task_id="u", table=sales_log[0], set={"name": "upper(name)"}, idempotent=idempotent,
+                                   partitions={"date": "2024-01-01", "country": "DE"})
+    with _killed_job(sales_log[0], commit_first=True, compacted=True).registered("memory"), \
+            pytest.raises(JobKilledAfterCommitError) as killed:
+        operator.execute(_context())
+    assert killed.value.version == 2   # the job's commit, not the auto-compaction's (3)
+    decision = DeltaConflictRetryPolicy("update").evaluate(killed.value, 1, 3)
+    assert (decision.action.value == "fail") is (not idempotent), decision
+    assert ("would write it again" in str(killed.value)) is (not idempotent)

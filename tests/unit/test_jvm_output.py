@@ -10,6 +10,17 @@ import pytest
 from airflow_delta_occ.spark.jvm_output import line_level, relay_lines
 
 
+@pytest.fixture(autouse=True)
+def _not_killed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kill flag is the process's: a test of this process that killed a job (the spark tier) must not
+    change the levels asserted here."""
+    import threading
+
+    from airflow_delta_occ.spark import jvm_output
+
+    monkeypatch.setattr(jvm_output, "_KILLED", threading.Event())
+
+
 @pytest.mark.parametrize(("line", "level"), [
     ("25/11/27 10:00:00 WARN NativeCodeLoader: Unable to load native-hadoop library", logging.WARNING),
     ("25/11/27 10:00:00 INFO SparkContext: Running Spark version 4.2.0", logging.INFO),
@@ -38,11 +49,8 @@ def test_blank_lines_are_dropped_and_line_ends_stripped(caplog: pytest.LogCaptur
 
 def test_after_a_kill_the_jvms_errors_are_information(caplog: pytest.LogCaptureFixture,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    import threading
-
     from airflow_delta_occ.spark import jvm_output
 
-    monkeypatch.setattr(jvm_output, "_KILLED", threading.Event())
     logger = logging.getLogger("test.jvm.kill")
     with caplog.at_level(logging.DEBUG, logger="test.jvm.kill"):
         relay_lines(["ERROR TaskSchedulerImpl: Exception in statusUpdate"], logger)
@@ -72,11 +80,8 @@ def test_a_line_the_progress_bar_ran_into_keeps_its_level(caplog: pytest.LogCapt
 
 
 def test_a_new_job_counts_its_errors_again(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    import threading
-
     from airflow_delta_occ.spark import jvm_output
 
-    monkeypatch.setattr(jvm_output, "_KILLED", threading.Event())
     logger = logging.getLogger("test.jvm.again")
     jvm_output.after_kill()
     jvm_output.expect_errors()

@@ -411,7 +411,9 @@ def test_the_waiters_of_one_store_share_one_connection_pool_and_their_polls(
     assert [p["status"] for p in payloads] == ["granted"] * len(requests)
     assert len(opened) == 1, "one store for every waiter of the triggerer"
     assert sum(polls) >= 4 * len(requests)     # each waiter polled every 0.3 s for 1.5 s (its heartbeat) ...
-    assert len(polls) <= sum(polls) / 8, polls  # ... in batches: a handful of queries, not one per waiter
+    # ... in batches: a handful of queries, not one per waiter (unbatched, the mean batch would be 1). The waiters'
+    # due times spread as they start; on a loaded machine (CI) 144 polls took 19 batches, a mean of 7.6.
+    assert len(polls) <= sum(polls) / 4, polls
 
 
 def test_a_failure_of_the_shared_poll_is_each_waiters_failure_not_a_hang(

@@ -184,16 +184,17 @@ class DeltaBaseOperator(BaseOperator):
                 raise JobSpecError(f"{label} must be a non-empty string, got {value!r}")
             refuse_substitution(value, label, rendered=False)
         partitions_mapping(partitions, rendered=False)
-        for label, value, why in (
-                ("conflict_pool", conflict_pool, "it picks the task's Airflow pool"),
-                ("conflict_policies", conflict_policies, "the task-level retry policy is built from it")):
+        fixed: tuple[tuple[str, object, str], ...] = (
+            ("conflict_pool", conflict_pool, "it picks the task's Airflow pool"),
+            ("conflict_policies", conflict_policies, "the task-level retry policy is built from it"))
+        for label, fixed_value, why in fixed:
             try:
-                holds = _holds_template(value)
+                holds = _holds_template(fixed_value)
             except RecursionError:   # nested deeper than Python walks: the value's own check says so, typed
                 holds = False
             if holds:
                 raise JobSpecError(f"{label} is not templated: {why} when the DAG is parsed; give it as a "
-                                   f"literal, got {value!r:.80}")
+                                   f"literal, got {fixed_value!r:.80}")
         if spark_conf is not None and (not isinstance(spark_conf, Mapping)
                                        or not all(isinstance(k, str) and k.strip() for k in spark_conf)):
             raise JobSpecError(f"spark_conf must be a mapping of Spark setting names to values, got {spark_conf!r:.80}")

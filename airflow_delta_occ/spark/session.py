@@ -147,7 +147,8 @@ def _launch_jvm_without_secrets(options: Mapping[str, str]) -> None:
             for (read_end, _), name in zip(ends, ("stdout", "stderr"), strict=True):
                 start_relay(os.fdopen(read_end, "rb"), name)
             try:
-                gateway = launch_gateway(conf, popen_kwargs={"stdout": ends[0][1], "stderr": ends[1][1]})
+                gateway = launch_gateway(  # type: ignore[no-untyped-call]  # pyspark's is untyped
+                    conf, popen_kwargs={"stdout": ends[0][1], "stderr": ends[1][1]})
             finally:
                 for _, write_end in ends:   # the JVM holds its own copies; the relays end when it exits
                     os.close(write_end)

@@ -25,7 +25,7 @@ def refuse_substitution(value: object, what: str, *, rendered: bool = True) -> N
     Raises:
         StatementTextError: naming ``what`` and the offending text (shortened).
     """
-    for text in _strings(value):
+    for text in strings_in(value):
         if _holds_marker(text, rendered):
             shown = text if len(text) <= 80 else text[:77] + "..."
             raise StatementTextError(f"{what} holds '${{' ({shown!r}): {SUBSTITUTION_ADVICE}. The provider refuses "
@@ -41,13 +41,14 @@ def _holds_marker(text: str, rendered: bool) -> bool:
     return False
 
 
-def _strings(value: object) -> Iterable[str]:
+def strings_in(value: object) -> Iterable[str]:
+    """Every string in ``value``: itself, or the keys and values of nested mappings and lists."""
     if isinstance(value, str):
         yield value
     elif isinstance(value, Mapping):
         for key, item in value.items():
-            yield from _strings(key)
-            yield from _strings(item)
+            yield from strings_in(key)
+            yield from strings_in(item)
     elif isinstance(value, list | tuple | set | frozenset):
         for item in value:
-            yield from _strings(item)
+            yield from strings_in(item)

@@ -61,7 +61,7 @@ from airflow_delta_occ.jobs.checks import check_clauses, check_one_source, check
 from airflow_delta_occ.jobs.partitions import parse_expression, partitions_mapping
 from airflow_delta_occ.jobs.result import JobLease, JobResult
 from airflow_delta_occ.jobs.spec import JobSpec, RunIdentity, TableRef, check_source_format
-from airflow_delta_occ.jobs.text import refuse_substitution
+from airflow_delta_occ.jobs.text import refuse_substitution, strings_in
 from airflow_delta_occ.operators.lineage import DeltaJobLineage, lineage_of, operator_lineage, schema_columns
 from airflow_delta_occ.operators.links import SparkUILink
 from airflow_delta_occ.operators.retry_policy import DeltaConflictRetryPolicy
@@ -801,11 +801,7 @@ _RAW_BLOCK = re.compile(r"\{%-?\s*raw\s*-?%\}.*?\{%-?\s*endraw\s*-?%\}", re.DOTA
 def _holds_template(value: object) -> bool:
     """Whether a Jinja template is anywhere in ``value`` (text, or the keys and values of nested mappings
     and lists)."""
-    if isinstance(value, Mapping):
-        return any(_holds_template(k) or _holds_template(v) for k, v in value.items())
-    if isinstance(value, list | tuple | set | frozenset):
-        return any(_holds_template(v) for v in value)
-    return templated(value)
+    return any(templated(text) for text in strings_in(value))
 
 
 def _default_retries(kwargs: dict[str, Any], default_args: Mapping[str, Any] | None) -> None:

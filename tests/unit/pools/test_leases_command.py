@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from airflow_delta_occ.cli import commands
-from airflow_delta_occ.engine import DeltaLog
+from airflow_delta_occ.engine import DeltaLog, Snapshot
 from airflow_delta_occ.engine.planner import TableState, plan_footprint
 from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
 from airflow_delta_occ.pools.requests import LeaseRequest, utc_text
@@ -33,16 +33,21 @@ def test_time_formatting_of_ordinary_times() -> None:
     assert utc_text(1_700_000_000.5) == "2023-11-14T22:13:20+00:00"
 
 
-@pytest.mark.parametrize("clock", [1e12, 1e15, 1e18])
-def test_leases_lists_a_lease_whose_times_are_out_of_any_calendar(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], clock: float) -> None:
+def _store_and_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Snapshot]:
+    """A SQLite store the ``delta_occ_leases`` connection names, and a table with one file in DE."""
     db = tmp_path / "leases.db"
     monkeypatch.setenv("AIRFLOW_CONN_DELTA_OCC_LEASES", json.dumps(
         {"conn_type": "delta_occ_leases", "extra": {"backend": "sqlite", "path": str(db)}}))
     builder = LogBuilder(tmp_path / "sales")
     builder.commit(commit_info("CREATE TABLE"), protocol(), metadata())
     builder.commit(commit_info(), add("DE-0.parquet", {"date": "2024-01-01", "country": "DE"}))
-    snapshot = DeltaLog.for_table(builder.root).snapshot()
+    return db, DeltaLog.for_table(builder.root).snapshot()
+
+
+@pytest.mark.parametrize("clock", [1e12, 1e15, 1e18])
+def test_leases_lists_a_lease_whose_times_are_out_of_any_calendar(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], clock: float) -> None:
+    db, snapshot = _store_and_table(tmp_path, monkeypatch)
     with SqlLeaseStore(f"sqlite:///{db}", clock=lambda: clock) as store:
         assert store.acquire(LeaseRequest.of(
             pool="sales", table="file:///sales", owner="far_future", ttl=600.0, table_state=TableState.of(snapshot),
@@ -67,13 +72,7 @@ def test_a_history_count_out_of_range_is_a_usage_error(capsys: pytest.CaptureFix
 def test_each_waiter_is_listed_with_whom_it_waits_for_and_why(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """Issue #24: the listing said who waits, not on whom; the store explains it from a read (no heartbeat)."""
-    db = tmp_path / "leases.db"
-    monkeypatch.setenv("AIRFLOW_CONN_DELTA_OCC_LEASES", json.dumps(
-        {"conn_type": "delta_occ_leases", "extra": {"backend": "sqlite", "path": str(db)}}))
-    builder = LogBuilder(tmp_path / "sales")
-    builder.commit(commit_info("CREATE TABLE"), protocol(), metadata())
-    builder.commit(commit_info(), add("DE-0.parquet", {"date": "2024-01-01", "country": "DE"}))
-    snapshot = DeltaLog.for_table(builder.root).snapshot()
+    db, snapshot = _store_and_table(tmp_path, monkeypatch)
 
     def request(owner: str, operation: str, predicate: str | None) -> LeaseRequest:
         return LeaseRequest.of(pool="sales", table="file:///sales", owner=owner, ttl=600.0,

@@ -19,7 +19,7 @@ COMMANDS = "airflow_delta_occ.cli.commands"
 
 
 def get_provider_cli_definitions() -> list[CLICommand]:
-    """``airflow delta-occ pools sync|list`` and ``airflow delta-occ leases``."""
+    """``airflow delta-occ pools sync|list``, ``airflow delta-occ leases`` and ``airflow delta-occ check``."""
     from airflow.cli.cli_config import ActionCommand, Arg, GroupCommand, lazy_load_command
 
     arg: Callable[..., Any] = Arg  # Airflow's Arg is untyped
@@ -70,5 +70,35 @@ def get_provider_cli_definitions() -> list[CLICommand]:
                   default="delta_occ_leases"),
               output, verbose),
     )
-    return [GroupCommand(name=GROUP, help="airflow-delta-occ: conflict pools and their leases",
-                         subcommands=(pools, leases))]
+    check = ActionCommand(
+        name="check",
+        help="List the pairs of Delta tasks that can conflict, and what keeps each pair apart, before the DAGs run",
+        description=(
+            "Parses the DAGs (--subdir, default the DAGs folder), renders each Delta task's arguments for a sample "
+            "run of --date (and the run after it when two runs may overlap), reads each table's Delta log (no "
+            "Spark), plans every task's footprint and lists each pair that can run at the same time and can "
+            "conflict, with the planner's reason and the exception Delta would raise, and what keeps the pair "
+            "apart (a dependency, the same conflict pool, an Airflow pool of one slot, a task or run limit) or "
+            "what would. Tasks it cannot render or whose table it cannot read are listed as not judged, never as "
+            "safe. Exit 1 when a pair that can conflict is not kept apart (a deployment gate); 2 on a usage "
+            "error."),
+        func=lazy_load_command(f"{COMMANDS}.check"),
+        args=(arg(("dag_id",), help="The DAG to check", nargs="?", default=None),
+              arg(("--all",), help="Every DAG of --subdir, and pairs across DAGs on one table",
+                  action="store_true"),
+              arg(("--date",), help="The logical date of the sample run (YYYY-MM-DD; default: today, UTC)",
+                  default=None, metavar="DATE"),
+              arg(("--next-date",), help="The logical date of a second run that may overlap the first (default: "
+                  "the DAG's next scheduled run when max_active_runs > 1)", default=None, metavar="DATE"),
+              arg(("-S", "--subdir"), help="The DAG file or folder to parse (default: [core] dags_folder)",
+                  default=None),
+              arg(("--model",), help="Whose conflict rules judge tasks outside a conflict pool (default: delta)",
+                  choices=("delta", "databricks", "maxcompute"), default="delta"),
+              arg(("--max-mapped",), help="Map indexes checked per mapped task (default: 64)", type=int,
+                  default=64, metavar="N"),
+              arg(("--fail-on-unknown",), help="Exit 1 when a Delta task could not be judged, too",
+                  action="store_true"),
+              pool_file, output, verbose),
+    )
+    return [GroupCommand(name=GROUP, help="airflow-delta-occ: conflict pools, their leases, and a conflict check",
+                         subcommands=(pools, leases, check))]

@@ -365,6 +365,95 @@ def leases(args: argparse.Namespace) -> None:
                    "summary": e.summary, "detail": _shorten(e.detail)} for e in events])
 
 
+@providers_configuration_loaded
+@suppress_logs_and_warning
+def check(args: argparse.Namespace) -> None:
+    """``airflow delta-occ check``: the pairs of Delta tasks that can conflict, before the DAGs run.
+
+    Exit 0 when every pair that can conflict is kept apart; 1 when one is not (or, with
+    ``--fail-on-unknown``, a task could not be judged); 2 on a usage error (no such DAG, a bad date,
+    an unusable pool file, a DAG file that does not import).
+    """
+    from airflow_delta_occ.dagcheck import check_dags
+
+    date, next_date = _date_arg(args.date, "--date") or _today(), _date_arg(args.next_date, "--next-date")
+    if args.max_mapped < 1:
+        _fail(f"--max-mapped must be at least 1, got {args.max_mapped}", EXIT_USAGE)
+    dags, notes = _dags_to_check(args)
+    pools = _optional_pool_config(args)
+    slots, slot_note = _airflow_pool_slots()
+    report = check_dags(dags, date=date, next_date=next_date, model=args.model, pools=pools, pool_slots=slots,
+                        max_mapped=args.max_mapped, notes=[*notes, *([slot_note] if slot_note else [])])
+    if args.output == "json":
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print(report.text())
+    code = report.exit_code(fail_on_unknown=args.fail_on_unknown)
+    if code:
+        raise SystemExit(code)
+
+
+def _dags_to_check(args: argparse.Namespace) -> tuple[list[Any], list[str]]:
+    """The DAGs parsed from ``--subdir`` (default: the DAGs folder): ``DAG_ID``'s, or all with ``--all``."""
+    from airflow import settings
+    from airflow.dag_processing.dagbag import DagBag
+
+    if bool(args.dag_id) == bool(args.all):
+        _fail("give a DAG_ID or --all (not both)", EXIT_USAGE)
+    folder = args.subdir or settings.DAGS_FOLDER
+    bag = DagBag(dag_folder=folder)
+    notes = [f"DAG file {path} did not import, so its tasks were not checked: {' '.join(str(error).split())[:300]}"
+             for path, error in sorted(bag.import_errors.items())]
+    if args.all:
+        return [bag.dags[dag_id] for dag_id in sorted(bag.dags)], notes
+    if args.dag_id not in bag.dags:
+        errors = f"; {len(notes)} DAG file(s) did not import: {notes[0]}" if notes else ""
+        _fail(f"no DAG {args.dag_id!r} under {folder}{errors}", EXIT_USAGE)
+    return [bag.dags[args.dag_id]], notes
+
+
+def _optional_pool_config(args: argparse.Namespace) -> PoolConfig | None:
+    """The pool file when there is one (it names the pool that would keep a pair apart); a bad one is an error."""
+    from airflow_delta_occ import config
+
+    try:
+        return _pool_config(args) if args.pool_file else config.pool_config()
+    except PoolConfigError as exc:
+        _fail(str(exc), EXIT_USAGE)
+        raise   # unreachable: _fail exits
+
+
+def _airflow_pool_slots() -> tuple[dict[str, int], str | None]:
+    """The slots of each Airflow pool, from the metadata database when it can be read (else a note saying so)."""
+    from airflow.utils.session import create_session
+
+    try:
+        with create_session() as session:
+            return {name: pool.slots for name, pool in _airflow_pools(session).items()}, None
+    except Exception as exc:   # no metadata database here (a CI job): an Airflow pool of one slot is not counted
+        return {}, (f"Airflow pools not read ({type(exc).__name__}): a shared Airflow pool of one slot is not counted "
+                    "as keeping a pair apart")
+
+
+def _date_arg(value: str | None, option: str) -> Any:
+    import datetime as dt
+
+    if value is None:
+        return None
+    try:
+        parsed = dt.datetime.fromisoformat(value)
+    except ValueError:
+        _fail(f"{option}: expected a date as YYYY-MM-DD (or an ISO date and time), got {value!r}", EXIT_USAGE)
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=dt.UTC)
+
+
+def _today() -> Any:
+    import datetime as dt
+
+    now = dt.datetime.now(dt.UTC)
+    return now.replace(hour=0, minute=0, second=0, microsecond=0)
+
+
 # --- text output ----------------------------------------------------------------------------------
 
 def _print_table(rows: Sequence[dict[str, Any]]) -> None:

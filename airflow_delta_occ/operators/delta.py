@@ -656,20 +656,33 @@ class DeltaBaseOperator(BaseOperator):
         Raises:
             TableNotFoundError: before Spark starts; JobSpecError: the job cannot be built.
         """
+        self._inject_openlineage_properties(context)
+        prepared = self.plan_job(self._run_identity(context), earlier)
+        spec = prepared.spec
+        # Before any lease or Spark: the job's storage settings, and the refusal of commits that S3
+        # could lose.
+        self.hook.use_storage(prepared.location, spec.source.path if spec.source is not None else None)
+        self._lineage = lineage_of(prepared.location, spec, prepared.snapshot)
+        return prepared
+
+    def plan_job(self, run: RunIdentity, earlier: PreparedJob | None = None) -> PreparedJob:
+        """The job of ``run`` on the table as it is now, from the rendered arguments: what ``prepare`` runs and
+        what ``airflow delta-occ check`` judges before anything runs (the same path, so the check sees the
+        footprint the task would lease). Reads the table's log with the engine; starts no Spark for a ``table``
+        path (a ``table_name`` is looked up in Spark's catalog).
+
+        Raises:
+            TableNotFoundError: no Delta table there; JobSpecError: the job cannot be built.
+        """
         from airflow_delta_occ.engine import DeltaLog
         from airflow_delta_occ.jobs.footprint import read_plan_of
 
-        self._inject_openlineage_properties(context)
         location = self._location()
         if earlier is not None and earlier.location == location:
             snapshot = earlier.snapshot.update()
         else:
             snapshot = DeltaLog.for_table(location, credentials=self.hook.credentials_for(location)).snapshot()
-        spec = self.build_spec(snapshot, self._run_identity(context))
-        # Before any lease or Spark: the job's storage settings, and the refusal of commits that S3
-        # could lose.
-        self.hook.use_storage(location, spec.source.path if spec.source is not None else None)
-        self._lineage = lineage_of(location, spec, snapshot)
+        spec = self.build_spec(snapshot, run)
         return PreparedJob(location, snapshot, spec, read_plan_of(spec, snapshot))
 
     def _inject_openlineage_properties(self, context: Any) -> None:

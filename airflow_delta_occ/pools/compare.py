@@ -29,7 +29,7 @@ partitioning (a replaced table) is always a conflict.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -46,6 +46,7 @@ from airflow_delta_occ.engine.planner import (
     freeze_partition,
     partition_scoped,
     pinned_values,
+    verdict,
 )
 from airflow_delta_occ.engine.predicates import comparison_key, evaluate_partition
 
@@ -63,15 +64,28 @@ class PlannedJob:
 
 def lease_verdict(a: PlannedJob, b: PlannedJob, model: Model) -> Verdict:
     """Whether ``a`` and ``b`` can conflict in either commit order, whenever each reads the table."""
+    return _judged(a, b, model, lambda la, lb, state: can_conflict(la, lb, state, model), loser=a)
+
+
+def order_verdict(winner: PlannedJob, loser: PlannedJob, model: Model) -> Verdict:
+    """``lease_verdict`` for one commit order: whether ``loser`` fails when ``winner`` commits first (what a
+    report names: the exception Delta would raise on which job)."""
+    return _judged(winner, loser, model, lambda lw, ll, state: verdict(winner=lw, loser=ll, snapshot=state,
+                                                                        model=model), loser=loser)
+
+
+def _judged(a: PlannedJob, b: PlannedJob, model: Model,
+            judge: Callable[[Footprint, Footprint, TableState], Verdict], *, loser: PlannedJob) -> Verdict:
+    """``judge`` on the pair lifted to partitions, under each table state the two were planned at."""
     states = [a.table] if _same_state(a.table, b.table) else [a.table, b.table]
     if a.table.partition_columns != b.table.partition_columns:
         return Verdict(True, model, f"the table's partitioning changed between the plans of {a.footprint.label} "
                        f"(version {a.table.version}) and {b.footprint.label} (version {b.table.version})",
-                       None, a.footprint.label, b.footprint.label)
+                       None, loser.footprint.label, (b if loser is a else a).footprint.label)
     last: Verdict | None = None
     for state in states:
         lifted_a, lifted_b = lift_pair(a.footprint, b.footprint, state)
-        last = can_conflict(lifted_a, lifted_b, state, model)
+        last = judge(lifted_a, lifted_b, state)
         if last.conflict:
             return last
     assert last is not None

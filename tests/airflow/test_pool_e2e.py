@@ -266,7 +266,7 @@ def airflow(tmp_path_factory: pytest.TempPathFactory,
                         "seconds": time.time() - started}
 
             try:
-                yield {"run": run, "lake": lake, "gate": gate, "store": store, "work": work, "db": db}
+                yield {"run": run, "lake": lake, "gate": gate, "store": store, "work": work, "db": db, "cli": cli}
             finally:
                 store.close()
 
@@ -443,6 +443,25 @@ def test_without_the_pool_delta_raised_real_conflicts(naive: dict[str, Any]) -> 
     assert conflicts.get("merge_p1") or naive["tis"]["merge_p1"]["try_number"] > 1, (conflicts, naive["tis"])
     kinds = conflicts.get("merge_p1") or []
     assert any(k in ("ConcurrentAppendException", "ConcurrentDeleteReadException") for k in kinds), kinds
+
+
+def test_the_check_named_the_pairs_and_the_exception_delta_raised(airflow: dict[str, Any],
+                                                                  naive: dict[str, Any]) -> None:
+    """Issue #24: ``airflow delta-occ check`` on the naive DAG, in this deployment, against what its run saw.
+    Its unprotected pairs are the conflicting pairs of the provider's writers (``set_properties`` is a plain
+    task, not the check's), and for the commit order the run had (update_p1 first) it names an exception
+    Delta raised on merge_p1."""
+    result = airflow["cli"]("delta-occ", "check", NAIVE, "--date", "2024-01-01", "-o", "json")
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    pairs = {frozenset((p["a"]["task_id"], p["b"]["task_id"])) for p in report["conflicts"]}
+    assert pairs == {p for p in CONFLICTING if "set_properties" not in p}
+    assert report["unprotected"] == len(pairs) and report["unknown"] == []
+    predicted = {o["exception"] for p in report["conflicts"] for o in p["outcomes"]
+                 if (o["winner"]["task_id"], o["loser"]["task_id"]) == ("update_p1", "merge_p1")}
+    raised = {c["kind"] for c in (naive["xcom"].get("merge_p1") or {}).get("conflicts", [])}
+    print("check predicted", predicted, "for update_p1 first; Delta raised on merge_p1:", raised)
+    assert predicted and predicted <= raised, (predicted, raised)
 
 
 # -- 3. a killed holder ---------------------------------------------------------------------------

@@ -76,8 +76,10 @@ FLOORS: tuple[frozenset[str], ...] = (
     frozenset({"jobs", "config"}),
     frozenset({"spark", "demo", "policy"}),
     frozenset({"hooks"}),
-    frozenset({"triggers", "cli"}),
+    frozenset({"triggers"}),
     frozenset({"operators", "sensors"}),
+    frozenset({"dagcheck"}),
+    frozenset({"cli"}),
 )
 APART = frozenset({"get_provider_info", "__init__"})   # read by Airflow by name; imports nothing of ours
 

@@ -1,0 +1,247 @@
+"""The Delta task instances of sample DAG runs, rendered and planned as they would run: the Airflow side of the check.
+
+For each DAG a sample run of the given date is built in memory (no metadata database): its logical date
+and data interval are the ones ``airflow tasks render DAG TASK DATE`` gives it, and the template context
+is the Task SDK's own (``RuntimeTaskInstance.get_template_context``). When the DAG has a schedule and may
+run several runs at once, the run after it is sampled too, so a backfill's neighbouring dates are
+compared. Each Delta task (each map index of a task mapped over literal values) is rendered on a copy
+and planned with the operator's own ``plan_job``: the snapshot the engine reads from the table's log
+(no Spark), the job the task would build, and the footprint it would lease.
+
+Whatever cannot be known before the run is reported as unknown, never as safe: a task mapped over
+another task's output, a template that needs an XCom, a Variable or a connection the CLI cannot read,
+a table given by catalog name (its location is Spark's to say), a table that does not exist yet.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from airflow_delta_occ.jobs.spec import RunIdentity
+from airflow_delta_occ.operators.delta import DeltaBaseOperator
+from airflow_delta_occ.pools.compare import PlannedJob
+from airflow_delta_occ.pools.config import normalize_table
+
+from .judge import PlannedTask, Scheduling
+from .report import TaskRef, UnknownTask
+
+if TYPE_CHECKING:
+    from airflow.sdk import DAG
+
+    from airflow_delta_occ.engine.planner import Model
+    from airflow_delta_occ.pools.config import PoolConfig
+
+#: Map indexes planned per mapped task: every pair of them is judged (quadratic), so a thousand-date
+#: backfill is sampled, and the report says so.
+DEFAULT_MAX_MAPPED = 64
+
+
+@dataclass(frozen=True)
+class SampleRun:
+    """A DAG run that exists only for the check: its label in the report and the dates its templates see."""
+
+    label: str
+    logical_date: dt.datetime
+    interval_start: dt.datetime
+    interval_end: dt.datetime
+
+    @property
+    def run_id(self) -> str:
+        return f"delta_occ_check__{self.logical_date.isoformat()}"
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """What sampling DAGs found: planned instances, the ones it could not plan, and what it left out."""
+
+    planned: tuple[PlannedTask, ...]
+    unknown: tuple[UnknownTask, ...]
+    runs: tuple[str, ...]
+    notes: tuple[str, ...]
+
+
+def sample_runs(dag: DAG, date: dt.datetime, next_date: dt.datetime | None) -> tuple[list[SampleRun], str | None]:
+    """The run of ``date`` and, when two runs of the DAG may overlap, the next one; and a note when there is none."""
+    from airflow.serialization.encoders import coerce_to_core_timetable
+    from airflow.timetables.base import TimeRestriction
+
+    timetable = coerce_to_core_timetable(dag.timetable)
+    first = _run(timetable, date, date.date().isoformat())
+    if dag.max_active_runs == 1:
+        return [first], None
+    if next_date is None:
+        info = timetable.next_dagrun_info(
+            last_automated_data_interval=_interval(timetable, date),
+            restriction=TimeRestriction(earliest=None, latest=None, catchup=True))
+        if info is None:
+            return [first], (f"{dag.dag_id}: one run checked; the DAG has no schedule, so which runs may overlap is "
+                             "unknown (pass --next-date to compare two runs)")
+        next_date = getattr(info, "logical_date", None) or (info.data_interval.start if info.data_interval else None)
+        if next_date is None:
+            return [first], f"{dag.dag_id}: one run checked; its timetable gives the next run no date"
+    second = _run(timetable, next_date, next_date.isoformat() if next_date.date() == date.date()
+                  else next_date.date().isoformat())
+    return [first, second], None
+
+
+def _interval(timetable: Any, date: dt.datetime) -> Any:
+    from airflow._shared.timezones import timezone
+
+    return timetable.infer_manual_data_interval(run_after=timezone.coerce_datetime(date))
+
+
+def _run(timetable: Any, date: dt.datetime, label: str) -> SampleRun:
+    interval = _interval(timetable, date)
+    return SampleRun(label, date, interval.start, interval.end)
+
+
+def sample(dags: Sequence[DAG], *, date: dt.datetime, next_date: dt.datetime | None, model: Model,
+           pools: PoolConfig | None, pool_slots: Mapping[str, int], max_mapped: int = DEFAULT_MAX_MAPPED) -> Sampled:
+    """Render and plan every Delta task instance of the sample runs of ``dags``."""
+    planned: list[PlannedTask] = []
+    unknown: list[UnknownTask] = []
+    labels: list[str] = []
+    notes: list[str] = []
+    for dag in dags:
+        runs, note = sample_runs(dag, date, next_date)
+        notes += [note] if note else []
+        labels += [run.label for run in runs if run.label not in labels]
+        for task in dag.tasks:
+            if not _is_delta_task(task):
+                continue
+            facts = _scheduling(dag, task, pool_slots)
+            for run in runs:
+                for found in _instances(dag, task, run, max_mapped, notes):
+                    if isinstance(found, UnknownTask):
+                        unknown.append(found)
+                        continue
+                    ref, rendered = found
+                    result = _plan(ref, rendered, facts, model, pools)
+                    (unknown if isinstance(result, UnknownTask) else planned).append(result)  # type: ignore[arg-type]
+    return Sampled(tuple(planned), tuple(unknown), tuple(labels), tuple(notes))
+
+
+def _is_delta_task(task: Any) -> bool:
+    operator_class = getattr(task, "operator_class", None)   # a mapped task: the class it expands to
+    cls = operator_class if isinstance(operator_class, type) else type(task)
+    return issubclass(cls, DeltaBaseOperator)
+
+
+def _scheduling(dag: DAG, task: Any, pool_slots: Mapping[str, int]) -> Scheduling:
+    pool = str(getattr(task, "pool", None) or "default_pool")
+    return Scheduling(
+        upstream=ordered_upstream(task), airflow_pool=pool,
+        airflow_pool_slots=pool_slots.get(pool), max_active_tis_per_dag=getattr(task, "max_active_tis_per_dag", None),
+        max_active_tis_per_dagrun=getattr(task, "max_active_tis_per_dagrun", None),
+        depends_on_past=bool(getattr(task, "depends_on_past", False)), dag_max_active_runs=dag.max_active_runs,
+        dag_max_active_tasks=dag.max_active_tasks)
+
+
+def ordered_upstream(task: Any) -> frozenset[str]:
+    """The tasks that end before ``task`` starts in the same run: its upstream tasks, transitively, through
+    tasks that wait for theirs. A task with trigger rule ``always`` starts whenever it likes, so what is
+    upstream of it orders nothing after it."""
+    found: set[str] = set()
+    stack = [task]
+    while stack:
+        current = stack.pop()
+        if current.trigger_rule == "always":
+            continue
+        for upstream in current.upstream_list:
+            if upstream.task_id not in found:
+                found.add(upstream.task_id)
+                stack.append(upstream)
+    return frozenset(found)
+
+
+def _instances(dag: DAG, task: Any, run: SampleRun, max_mapped: int, notes: list[str]
+               ) -> Iterator[UnknownTask | tuple[TaskRef, DeltaBaseOperator]]:
+    """Each instance of ``task`` in ``run``, rendered; an unknown for what cannot be rendered before the run."""
+    indexes = [-1]
+    if task.get_needs_expansion():
+        count = parse_time_map_count(task)
+        if count is None:
+            yield UnknownTask(TaskRef(dag.dag_id, task.task_id, -1, run.label),
+                              "mapped over another task's output: its instances are known only when the DAG runs")
+            return
+        indexes = list(range(min(count, max_mapped)))
+        if count > max_mapped:
+            notes.append(f"{dag.dag_id}.{task.task_id} ({run.label}): {max_mapped} of its {count} mapped instances "
+                         "checked (--max-mapped)")
+    for index in indexes:
+        ref = TaskRef(dag.dag_id, task.task_id, index, run.label)
+        try:
+            yield ref, _render(dag, task, run, index)
+        except Exception as exc:  # a template needs what only a run has (XCom, Variable), or a bad template
+            yield UnknownTask(ref, f"its arguments did not render for the sample run: {_error_text(exc)}")
+
+
+def parse_time_map_count(task: Any) -> int | None:
+    """How many instances a mapped task has when it is mapped over literal values only (``expand(x=[...])``,
+    ``expand_kwargs([...])``); ``None`` when a value comes from another task (an XCom), known only in the run."""
+    value = getattr(getattr(task, "expand_input", None), "value", None)
+    if isinstance(value, (list, tuple)):          # expand_kwargs over a literal list of argument sets
+        return len(value)
+    if not isinstance(value, Mapping) or not value:
+        return None
+    count = 1
+    for values in value.values():                 # expand(): the product of the literal lists' lengths
+        if not isinstance(values, (list, tuple, Mapping)):
+            return None
+        count *= len(values)
+    return count
+
+
+def _render(dag: DAG, task: Any, run: SampleRun, map_index: int) -> DeltaBaseOperator:
+    """``task``'s instance ``map_index`` of ``run``, its templates filled in as the Task SDK fills them."""
+    from airflow.sdk.api.datamodels._generated import DagRun, DagRunState, DagRunType, TIRunContext
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    dag_run = DagRun(dag_id=dag.dag_id, run_id=run.run_id, logical_date=run.logical_date,
+                     data_interval_start=run.interval_start, data_interval_end=run.interval_end,
+                     run_after=run.interval_end, start_date=None, end_date=None, run_type=DagRunType.MANUAL,
+                     state=DagRunState.RUNNING, consumed_asset_events=[], partition_key=None)
+    copied = task if task.get_needs_expansion() else copy.deepcopy(task)  # a mapped task renders a new one
+    ti = RuntimeTaskInstance.model_construct(
+        id=uuid.uuid4(), task_id=task.task_id, dag_id=dag.dag_id, run_id=run.run_id, try_number=1,
+        map_index=map_index, dag_version_id=uuid.uuid4(), task=copied, max_tries=0,
+        _ti_context_from_server=TIRunContext(dag_run=dag_run, max_tries=0, variables=[], connections=[]))
+    context = ti.get_template_context()
+    copied.render_template_fields(context)
+    rendered = context["task"]
+    if not isinstance(rendered, DeltaBaseOperator):
+        raise TypeError(f"{task.task_id} rendered to a {type(rendered).__name__}")
+    return rendered
+
+
+def _plan(ref: TaskRef, task: DeltaBaseOperator, scheduling: Scheduling, model: Model,
+          pools: PoolConfig | None) -> PlannedTask | UnknownTask:
+    if task.table is None:
+        return UnknownTask(ref, f"the table is given by catalog name ({task.table_name!r}): its location is known "
+                           "only to Spark's catalog, which the check does not start", str(task.table_name))
+    try:
+        table = normalize_table(task.table)
+        prepared = task.plan_job(RunIdentity(ref.dag_id, ref.task_id, f"delta_occ_check__{ref.run}", ref.map_index))
+        footprint = prepared.footprint
+    except Exception as exc:  # the table does not exist yet, is unreadable, or the job cannot be built
+        return UnknownTask(ref, _error_text(exc), str(task.table))
+    from airflow_delta_occ.engine.planner import TableState
+
+    pool = None
+    if task.conflict_pool is not None and pools is not None:
+        try:
+            pool = pools.get(task.conflict_pool)
+        except Exception:   # a pool the file does not have: the run would fail; the check judges the job
+            pool = None
+    return PlannedTask(ref, table, PlannedJob(footprint, TableState.of(prepared.snapshot)),
+                       pool.model if pool is not None else model, task.conflict_pool, scheduling)
+
+
+def _error_text(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__

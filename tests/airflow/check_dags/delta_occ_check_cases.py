@@ -1,0 +1,96 @@
+"""DAGs written for ``airflow delta-occ check`` (``tests/airflow/test_check.py``): one case each.
+
+Tables under ``$DELTA_OCC_CHECK_ROOT`` (the test writes their logs): ``sales`` is partitioned by ``date``
+(a DATE) and ``country``; ``events`` is not partitioned. The pool file the test sets has the conflict
+pool ``check`` for ``sales``.
+
+* ``check_unprotected``: ``fix_de`` (UPDATE) and ``purge_de`` (DELETE) rewrite the same partition, with
+  nothing between them; ``fix_fr`` works on another partition.
+* ``check_dependency``: the same pair, ``fix_de >> purge_de``.
+* ``check_always``: the same dependency, but ``purge_de`` has trigger rule ``always``: it does not wait.
+* ``check_pooled``: the same pair, both in conflict pool ``check``.
+* ``check_airflow_pool``: the same pair, both in Airflow pool ``single`` (one slot, made by the test).
+* ``check_mapped``: ``by_day`` is mapped over three days of IT (disjoint); ``same_day`` over three countries'
+  worth of the same partition (its instances conflict); ``same_day_limited`` likewise, one at a time.
+* ``check_daily``: scheduled daily, two runs at once: ``day`` is confined to ``{{ ds }}`` (runs never
+  meet), ``compact_events`` compacts the whole unpartitioned table (each run's meets the next's).
+* ``check_unknowns``: what cannot be judged before a run: a task mapped over another task's output, a
+  catalog table name, a table that does not exist, a template that needs a Variable.
+* ``check_other_dag``: a writer of ``events`` in another DAG (``--all`` pairs it with ``check_daily``'s).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import tempfile
+from pathlib import Path
+
+from airflow.sdk import DAG, task
+
+from airflow_delta_occ.operators.delta import DeltaDeleteOperator, DeltaOptimizeOperator, DeltaUpdateOperator
+
+ROOT = Path(os.environ.get("DELTA_OCC_CHECK_ROOT", os.path.join(tempfile.gettempdir(), "delta-occ-check")))
+SALES, EVENTS = str(ROOT / "sales"), str(ROOT / "events")
+START = dt.datetime(2024, 1, 1)
+
+
+def _dag(dag_id: str, **kwargs: object) -> DAG:
+    settings = {"schedule": None, "start_date": START, "catchup": False, **kwargs}
+    return DAG(dag_id=dag_id, **settings)  # type: ignore[arg-type]
+
+
+def _pair(**kwargs: object) -> tuple[DeltaUpdateOperator, DeltaDeleteOperator]:
+    day_de = {"date": "{{ ds }}", "country": "DE"}
+    return (DeltaUpdateOperator(task_id="fix_de", table=SALES, partitions=day_de, set={"amount": "amount * 2"},
+                                **kwargs),  # type: ignore[arg-type]
+            DeltaDeleteOperator(task_id="purge_de", table=SALES, partitions=day_de, where="amount < 0",
+                                **kwargs))  # type: ignore[arg-type]
+
+
+with _dag("check_unprotected"):
+    _pair()
+    DeltaUpdateOperator(task_id="fix_fr", table=SALES, partitions={"date": "{{ ds }}", "country": "FR"},
+                        set={"amount": "amount * 2"})
+
+with _dag("check_dependency"):
+    fix, purge = _pair()
+    fix >> purge
+
+with _dag("check_always"):
+    fix, purge = _pair(trigger_rule="always")
+    fix >> purge
+
+with _dag("check_pooled"):
+    _pair(conflict_pool="check")
+
+with _dag("check_airflow_pool"):
+    _pair(pool="single")
+
+with _dag("check_mapped"):
+    DeltaUpdateOperator.partial(task_id="by_day", table=SALES, set={"amount": "0"}).expand(
+        partitions=[{"date": d, "country": "IT"} for d in ("2024-03-01", "2024-03-02", "2024-03-03")])
+    DeltaUpdateOperator.partial(task_id="same_day", table=SALES, partitions={"date": "{{ ds }}", "country": "DE"}
+                                ).expand(set=[{"amount": str(n)} for n in range(3)])
+    DeltaUpdateOperator.partial(task_id="same_day_limited", table=SALES, max_active_tis_per_dagrun=1,
+                                partitions={"date": "{{ ds }}", "country": "FR"}
+                                ).expand(set=[{"amount": str(n)} for n in range(3)])
+
+with _dag("check_daily", schedule="@daily", max_active_runs=2):
+    DeltaUpdateOperator(task_id="day", table=SALES, partitions={"date": "{{ ds }}", "country": "IT"},
+                        set={"amount": "0"})
+    DeltaOptimizeOperator(task_id="compact_events", table=EVENTS)
+
+with _dag("check_unknowns"):
+    @task
+    def days() -> list[dict[str, str]]:
+        return [{"date": "2024-03-01", "country": "DE"}]
+
+    DeltaUpdateOperator.partial(task_id="from_upstream", table=SALES, set={"amount": "0"}).expand(partitions=days())
+    DeltaOptimizeOperator(task_id="by_name", table_name="main.sales")
+    DeltaOptimizeOperator(task_id="missing_table", table=str(ROOT / "missing"))
+    DeltaOptimizeOperator(task_id="needs_a_variable", table=SALES,
+                          partitions={"date": "{{ var.value.delta_occ_check_day }}", "country": "DE"})
+
+with _dag("check_other_dag"):
+    DeltaDeleteOperator(task_id="trim_events", table=EVENTS, where="id < 0")

@@ -209,6 +209,23 @@ def test_the_demo_runs_the_writers_in_a_conflict_pool_under_the_scheduler(tmp_pa
     if frozenset(("compact_es", "append_es")) in together:  # both granted at once: overlap is likely, not certain
         assert "share partition country=ES,date=" in text, text
 
+    # Issue #24: `airflow delta-occ check --all` on the example DAGs in the demo's installation, against what
+    # the run saw. The one pair it says can conflict is the pair the pool kept apart; every pair that held
+    # leases together is one it calls disjoint; what it cannot judge before a run is listed, not passed.
+    from airflow_delta_occ.demo.scenario import demo_env
+
+    check = subprocess.run([*AIRFLOW, "delta-occ", "check", "--all", "--date", run.outcome.run_after[:10], "-o",
+                            "json"], env=demo_env(tmp_path, REPO / "dags_examples"), capture_output=True, text=True,
+                           timeout=300)
+    assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-3000:]
+    report = json.loads(check.stdout)
+    assert [({p["a"]["task_id"], p["b"]["task_id"]}, p["kept_apart_by"]["by"]) for p in report["conflicts"]] == [
+        ({"merge_de", "fix_de"}, "conflict_pool")]
+    assert report["judged_tasks"] == len(WRITERS)
+    assert not together & {frozenset((p["a"]["task_id"], p["b"]["task_id"])) for p in report["conflicts"]}
+    # delta_concurrent_merges: mapped over an upstream's output, and a table the demo never creates.
+    assert {u["task"]["task_id"] for u in report["unknown"]} == {"merge_country", "compact_day"}
+
 
 def test_demo_refuses_a_dags_folder_without_the_example_dag(tmp_path: Path) -> None:
     from airflow_delta_occ.demo import check_dags_folder

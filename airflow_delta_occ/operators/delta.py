@@ -510,6 +510,7 @@ class DeltaBaseOperator(BaseOperator):
             store.close()
         from airflow_delta_occ.triggers.lease import DeltaLeaseTrigger, settle_seconds
 
+        context["ti"].xcom_push(key=holding.WAIT_XCOM_KEY, value=holding.wait_record(pool.name, request.table, state))
         self.defer(trigger=DeltaLeaseTrigger(lease_conn_id=self.lease_conn_id, request_id=state.request_id,
                                              owner=owner, request=request.to_json(),
                                              poll_interval=self._poll_interval(deferred=True),

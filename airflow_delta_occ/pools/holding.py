@@ -265,6 +265,22 @@ def describe_wait(state: LeaseState) -> str:
     return "; ".join(f"{b.owner or 'the pool'}: {b.reason[:200]}" for b in state.blockers) or "(no blocker named)"
 
 
+#: The XCom key of a task's lease wait (``wait_record``): the task instance's XCom tab (and the REST API's
+#: ``xcomEntries``) shows whom a deferred task waits for and why; its state alone says only "deferred".
+WAIT_XCOM_KEY = "delta_occ_wait"
+
+
+def wait_record(pool: str, table: str, state: LeaseState) -> dict[str, Any]:
+    """What a task shows of its wait when it starts waiting: its request, since when (UTC), and each blocker
+    with its reason. Live state is ``airflow delta-occ leases``'s to show; the grant's is in the result."""
+    from .requests import utc_text
+
+    since = state.record.requested_at if state.record is not None else state.checked_at
+    return {"pool": pool, "table": table, "request_id": state.request_id, "waiting_since": utc_text(since),
+            "waits_for": [b.to_json() for b in state.blockers], "summary": describe_wait(state),
+            "live": "airflow delta-occ leases --pool " + pool}
+
+
 # -- waiting: one loop, driven by a worker's thread or the triggerer's event loop ----------------------
 class BlockersSeen:
     """The distinct leases and requests a wait was blocked by, and whether the current set changed."""

@@ -143,6 +143,7 @@ class Sampler(threading.Thread):
         super().__init__(name=f"sampler-{dag_id}", daemon=True)
         self.db, self.dag_id, self.run_id = db, dag_id, run_id
         self.samples: list[tuple[float, dict[str, str | None]]] = []
+        self.waits: dict[str, Any] = {}   # task -> its delta_occ_wait XCom, as read while it was deferred
         self.stopped = threading.Event()
 
     def run(self) -> None:
@@ -150,6 +151,14 @@ class Sampler(threading.Thread):
             rows = _query(self.db, "SELECT task_id, state FROM task_instance WHERE dag_id = ? AND run_id = ?",
                           self.dag_id, self.run_id)
             self.samples.append((time.time(), {r["task_id"]: r["state"] for r in rows}))
+            deferred = [r["task_id"] for r in rows if r["state"] == "deferred"]
+            for row in _query(self.db, "SELECT task_id, value FROM xcom WHERE dag_id = ? AND run_id = ? AND "
+                                       "key = 'delta_occ_wait'", self.dag_id, self.run_id):
+                value = row["value"]
+                while isinstance(value, str | bytes):
+                    value = json.loads(value)
+                if row["task_id"] in deferred:
+                    self.waits[row["task_id"]] = value
 
     def seen(self, task_id: str, state: str) -> list[float]:
         return [t for t, states in self.samples if states.get(task_id) == state]
@@ -396,6 +405,11 @@ def test_pooled_run_waiting_tasks_waited_where_the_adaptive_rule_says(airflow: d
         assert deferrals >= 1 and log.count("waiting deferred from here") == deferrals, (task, log[-3000:])
         assert sampler.seen(task, "deferred"), \
             f"{task} waited {lease['waited']} s for {lease['waited_for']} but was never seen deferred"
+        # Issue #24: while it was deferred, its XCom tab said on whom it waited and why.
+        shown = sampler.waits.get(task) or {}
+        assert shown.get("request_id") == lease["request_id"], (task, sampler.waits)
+        assert any(b.get("owner") in lease["waited_for"] and b.get("reason") for b in shown.get("waits_for", [])), \
+            (task, shown, lease)
     assert any(lease["waited"] >= WORKER_WAIT + 2 for lease in waited.values()), waited   # not vacuous
     # Nobody was dropped from the line on the way (a waiter that stops polling is abandoned).
     assert not [e for e in events if e.kind in (AuditKind.ABANDON, AuditKind.EXPIRE, AuditKind.CANCEL)

@@ -101,8 +101,10 @@ def test_without_a_pool_file_the_name_is_checked_only_at_run_time(sales_log: tup
 
 
 # -- run time, against a real lease store ---------------------------------------------------------
-def _context(try_number: int = 1) -> dict[str, Any]:
-    ti = SimpleNamespace(dag_id="d", task_id="u", map_index=-1, try_number=try_number, max_tries=try_number + 1)
+def _context(try_number: int = 1, task_id: str = "u") -> dict[str, Any]:
+    xcoms: dict[str, Any] = {}   # what the task pushed, by key
+    ti = SimpleNamespace(dag_id="d", task_id=task_id, map_index=-1, try_number=try_number, max_tries=try_number + 1,
+                         xcoms=xcoms, xcom_push=lambda key, value: xcoms.__setitem__(key, value))
     return {"ti": ti, "run_id": "manual__1"}
 
 
@@ -218,10 +220,16 @@ def test_a_conflicting_holder_defers_then_resume_runs_and_releases(
         pools: Path, sales_log: tuple[str, Snapshot], store: SqlLeaseStore, spark: _Spark) -> None:
     path, snapshot = sales_log
     blocker = _block(store, path, snapshot)
+    context = _context()
     with pytest.raises(TaskDeferred) as deferred:
-        _leased_update(path).execute(_context())
+        _leased_update(path).execute(context)
     trigger = deferred.value.trigger
     assert isinstance(trigger, DeltaLeaseTrigger) and deferred.value.method_name == "execute_complete"
+    # Issue #24: the UI showed only "deferred"; the task's XCom tab now says on whom it waits and why.
+    wait = context["ti"].xcoms["delta_occ_wait"]
+    assert wait["request_id"] == trigger.request_id and wait["pool"] == "sales"
+    assert [b["owner"] for b in wait["waits_for"]] == ["blocker"] and "partition" in wait["waits_for"][0]["reason"]
+    assert wait["waiting_since"].endswith("+00:00") and wait["summary"].startswith("blocker: ")
     assert spark.runs == 0
     assert store.release(blocker, "blocker")   # the waiter is granted in the release's transaction
     event = {"status": "granted", "request_id": trigger.request_id, "waited": 4.5,
@@ -464,8 +472,7 @@ def test_the_request_says_how_long_leases_of_its_kind_were_held_on_the_table(
     assert update.expected_hold is None   # an UPDATE: no hold of its kind seen
     optimize = DeltaOptimizeOperator(task_id="o", table=path, conflict_pool="sales", deferrable=True)
     with pytest.raises(TaskDeferred):
-        optimize.execute({**_context(), "ti": SimpleNamespace(dag_id="d", task_id="o", map_index=-1, try_number=1,
-                                                              max_tries=2)})
+        optimize.execute(_context(task_id="o"))
     assert LeaseRequest.from_json(_stored_request(store, "d/o/manual__1/-1/1")).expected_hold == pytest.approx(40.0)
 
 

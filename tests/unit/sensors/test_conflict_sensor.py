@@ -44,8 +44,10 @@ def pools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _context(task_id: str = "wait", xcom: Any = None) -> dict[str, Any]:
+    pushed: dict[str, Any] = {}
     ti = SimpleNamespace(dag_id="d", task_id=task_id, map_index=-1, try_number=1, max_tries=1,
-                         xcom_pull=lambda task_ids: xcom)
+                         xcom_pull=lambda task_ids: xcom, xcoms=pushed,
+                         xcom_push=lambda key, value: pushed.__setitem__(key, value))
     return {"ti": ti, "run_id": "manual__1"}
 
 
@@ -150,9 +152,12 @@ def test_a_conflicting_holder_defers_it_and_a_disjoint_one_does_not(pools: Path,
     fr = _sensor(table, task_id="fr", partitions={"date": "2024-01-01", "country": "FR"})
     assert fr.execute(_context("fr"))["waited_for"] == []
     de = _sensor(table, task_id="de", partitions={"date": "2024-01-01", "country": "DE"}, poke_interval=0.5)
+    context = _context("de")
     with pytest.raises(TaskDeferred) as deferred:
-        de.execute(_context("de"))
+        de.execute(context)
     trigger = deferred.value.trigger
+    # Issue #24: whom it waits for, where the UI shows it (the task instance's XCom tab).
+    assert [b["owner"] for b in context["ti"].xcoms["delta_occ_wait"]["waits_for"]] == ["job-de"]
     assert isinstance(trigger, DeltaLeaseTrigger) and trigger.poll_interval == 0.5
     assert trigger.owner == "d/de/manual__1/-1/1"
     assert deferred.value.method_name == "execute_complete"

@@ -3,22 +3,23 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-unit test-spark test-airflow test-postgres test-s3 lint typecheck bench bench-headline bench-overhead bench-scale demo clean
+.PHONY: setup test test-unit test-spark test-airflow test-postgres test-s3 lint typecheck docs bench bench-headline bench-overhead bench-scale demo clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,bench]'
+	$(PY) -m pip install -q -e '.[test,bench,docs]'
 	touch $(STAMP)
 
 ## Every tier: unit, spark (real local Spark + delta-spark), airflow (the Airflow CLI running example DAGs),
-## postgres, then s3 (its own process: its Spark session carries the S3 connector), then lint and types.
+## postgres, then s3 (its own process: its Spark session carries the S3 connector), then lint, types and the
+## docs (the API reference and guides, warnings as errors).
 test: setup
 	$(PY) -m pytest tests -m "not s3" --durations=25
 	$(PY) -m pytest tests -m s3 --durations=5
-	$(MAKE) lint typecheck
+	$(MAKE) lint typecheck docs
 
 test-unit: setup
 	$(PY) -m pytest tests -m unit
@@ -41,6 +42,11 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy --strict airflow_delta_occ/engine
 	$(VENV)/bin/mypy airflow_delta_occ
+
+## The API reference (from the docstrings and the provider's info) and the guides, into build/docs; any warning fails.
+docs: setup
+	rm -rf build/docs
+	$(VENV)/bin/sphinx-build -E -W --keep-going -q -b html docs build/docs
 
 bench: setup
 	$(PY) benchmarks/snapshot_load.py

@@ -14,6 +14,10 @@ LEASE_STORE_FORM: dict[str, Any] = {
 }
 
 
+#: The how-to guides, in reading order (docs/<page>.md; docs/index.md lists them too).
+HOW_TO_GUIDES = ("operators", "pools", "check", "platform", "object-storage", "lineage")
+
+
 def get_provider_info() -> dict[str, Any]:
     return {
         "package-name": "airflow-delta-occ",
@@ -23,6 +27,8 @@ def get_provider_info() -> dict[str, Any]:
             {
                 "integration-name": "Delta Lake OCC",
                 "external-doc-url": "https://docs.delta.io/latest/concurrency-control.html",
+                # The guides of the repository's docs/ (built with the API reference by `make docs`).
+                "how-to-guide": [f"/docs/{page}.md" for page in HOW_TO_GUIDES],
                 "tags": ["software"],
             }
         ],

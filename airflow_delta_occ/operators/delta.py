@@ -32,6 +32,7 @@ from airflow_delta_occ.exceptions import (
     LeaseLostError,
     LeaseStoreError,
     PoolConfigError,
+    StatementRefusedError,
 )
 from airflow_delta_occ.hooks.delta import DeltaSparkHook
 from airflow_delta_occ.hooks.leases import (
@@ -59,6 +60,7 @@ from airflow_delta_occ.jobs.build import (
 )
 from airflow_delta_occ.jobs.checks import check_clauses, check_one_source, check_sql_text, sql_file, templated
 from airflow_delta_occ.jobs.partitions import parse_expression, partitions_mapping
+from airflow_delta_occ.jobs.refusal import point_into_arguments
 from airflow_delta_occ.jobs.result import JobLease, JobResult
 from airflow_delta_occ.jobs.spec import JobSpec, RunIdentity, TableRef, check_source_format
 from airflow_delta_occ.jobs.text import refuse_substitution, strings_in
@@ -371,6 +373,9 @@ class DeltaBaseOperator(BaseOperator):
         except JobKilledError as exc:
             self._raise_if_committed(prepared, exc)
             raise
+        except StatementRefusedError as exc:
+            # Spark's position is in the statement the provider rendered: point into the author's own text.
+            raise StatementRefusedError(point_into_arguments(str(exc), self.arguments())) from exc
         return replace(result, run_started_at=round(run_started_at, 3))
 
     def _raise_if_committed(self, prepared: PreparedJob, killed: JobKilledError) -> None:

@@ -15,6 +15,7 @@ from airflow_delta_occ.exceptions import (
     MissingPartitionConstraintError,
     PartitionSpecError,
     SourceNotFoundError,
+    StatementRefusedError,
     UnsafeExpressionError,
 )
 from airflow_delta_occ.operators.delta import (
@@ -101,6 +102,14 @@ def test_bad_input_is_refused_before_spark_and_changes_nothing(spark: Any, sales
         merge(str(tmp_path / "nope"), src, "DE").execute(context())
     with pytest.raises(SourceNotFoundError, match="cannot read source"):
         merge(sales, str(tmp_path / "no_source"), "DE").execute(context())
+    # Issue #24: Spark's refusal pointed at a position in the MERGE the provider rendered; now into the
+    # author's own condition.
+    with pytest.raises(StatementRefusedError) as refused:
+        merge(sales, src, "DE", merge_condition="t.id = s.id AND t.v < s.no_such_column").execute(context())
+    lines = str(refused.value).splitlines()
+    assert "no_such_column" in lines[0] and " pos " not in lines[0], lines
+    assert lines[1] == "  in merge_condition: t.id = s.id AND t.v < s.no_such_column", lines
+    assert lines[2].index("^") == lines[1].index("s.no_such_column"), lines
     with pytest.raises(MissingPartitionConstraintError, match="ConcurrentAppendException"):
         merge(sales, src, None, strict_partitions=True).execute(context())
     assert DeltaLog.for_table(sales).latest_version() == version

@@ -365,6 +365,7 @@ def leases(args: argparse.Namespace) -> None:
                    "summary": e.summary, "detail": _shorten(e.detail)} for e in events])
 
 
+@_reports_errors
 @providers_configuration_loaded
 @suppress_logs_and_warning
 def check(args: argparse.Namespace) -> None:

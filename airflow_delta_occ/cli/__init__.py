@@ -74,22 +74,25 @@ def get_provider_cli_definitions() -> list[CLICommand]:
         name="check",
         help="List the pairs of Delta tasks that can conflict, and what keeps each pair apart, before the DAGs run",
         description=(
-            "Parses the DAGs (--subdir, default the DAGs folder), renders each Delta task's arguments for a sample "
-            "run of --date (and the run after it when two runs may overlap), reads each table's Delta log (no "
-            "Spark), plans every task's footprint and lists each pair that can run at the same time and can "
-            "conflict, with the planner's reason and the exception Delta would raise, and what keeps the pair "
-            "apart (a dependency, the same conflict pool, an Airflow pool of one slot, a task or run limit) or "
-            "what would. Tasks it cannot render or whose table it cannot read are listed as not judged, never as "
-            "safe. Exit 1 when a pair that can conflict is not kept apart (a deployment gate); 2 on a usage "
-            "error."),
+            "Parses the DAGs (--subdir, default the DAGs folder), renders each Delta task's arguments for "
+            "sample runs from --date (consecutive scheduled runs, which a backfill may run at once), reads "
+            "each table's Delta log (no Spark), plans every task's footprint and lists each pair that can run "
+            "at the same time and can conflict, with the planner's reason and the exception Delta would "
+            "raise, and what keeps the pair apart (a dependency, the same conflict pool, an Airflow pool of "
+            "one slot, a task limit, depends_on_past) or what would. Tasks it cannot render or whose table it "
+            "cannot read are listed as not judged, never as safe. Exit 1 when a pair that can conflict is not "
+            "kept apart (a deployment gate); 2 on a usage error."),
         func=lazy_load_command(f"{COMMANDS}.check"),
         args=(arg(("dag_id",), help="The DAG to check", nargs="?", default=None),
               arg(("--all",), help="Every DAG of --subdir, and pairs across DAGs on one table",
                   action="store_true"),
               arg(("--date",), help="The logical date of the sample run (YYYY-MM-DD; default: today, UTC)",
                   default=None, metavar="DATE"),
-              arg(("--next-date",), help="The logical date of a second run that may overlap the first (default: "
-                  "the DAG's next scheduled run when max_active_runs > 1)", default=None, metavar="DATE"),
+              arg(("--next-date",), help="Compare the run of --date with the run of this date only (default: "
+                  "--runs consecutive scheduled runs; for a DAG without a schedule, two runs of --date unless "
+                  "max_active_runs=1)", default=None, metavar="DATE"),
+              arg(("--runs",), help="Consecutive scheduled runs compared per DAG (default: 3)", type=int, default=3,
+                  metavar="N"),
               arg(("-S", "--subdir"), help="The DAG file or folder to parse (default: [core] dags_folder)",
                   default=None),
               arg(("--model",), help="Whose conflict rules judge tasks outside a conflict pool (default: delta)",

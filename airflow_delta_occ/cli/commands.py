@@ -31,6 +31,7 @@ from airflow_delta_occ.exceptions import LeaseError, PoolConfigError, ProviderCo
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
+    from airflow_delta_occ.dagcheck.report import UnknownTask
     from airflow_delta_occ.pools.config import Pool, PoolConfig
     from airflow_delta_occ.pools.requests import Blocker
 
@@ -372,19 +373,21 @@ def check(args: argparse.Namespace) -> None:
     """``airflow delta-occ check``: the pairs of Delta tasks that can conflict, before the DAGs run.
 
     Exit 0 when every pair that can conflict is kept apart; 1 when one is not (or, with
-    ``--fail-on-unknown``, a task could not be judged); 2 on a usage error (no such DAG, a bad date,
-    an unusable pool file, a DAG file that does not import).
+    ``--fail-on-unknown``, something could not be judged: a task, a DAG, with ``--all`` a DAG file that
+    does not import); 2 on a usage error (no such DAG, a bad date or option, an unusable pool file).
     """
     from airflow_delta_occ.dagcheck import check_dags
 
     date, next_date = _date_arg(args.date, "--date") or _today(), _date_arg(args.next_date, "--next-date")
-    if args.max_mapped < 1:
-        _fail(f"--max-mapped must be at least 1, got {args.max_mapped}", EXIT_USAGE)
-    dags, notes = _dags_to_check(args)
+    for option, value in (("--max-mapped", args.max_mapped), ("--runs", args.runs)):
+        if value < 1:
+            _fail(f"{option} must be at least 1, got {value}", EXIT_USAGE)
+    dags, broken = _dags_to_check(args)
     pools = _optional_pool_config(args)
     slots, slot_note = _airflow_pool_slots()
     report = check_dags(dags, date=date, next_date=next_date, model=args.model, pools=pools, pool_slots=slots,
-                        max_mapped=args.max_mapped, notes=[*notes, *([slot_note] if slot_note else [])])
+                        max_mapped=args.max_mapped, runs=args.runs, notes=[slot_note] if slot_note else [],
+                        unknown=broken)
     if args.output == "json":
         print(json.dumps(report.to_json(), indent=2))
     else:
@@ -394,23 +397,33 @@ def check(args: argparse.Namespace) -> None:
         raise SystemExit(code)
 
 
-def _dags_to_check(args: argparse.Namespace) -> tuple[list[Any], list[str]]:
-    """The DAGs parsed from ``--subdir`` (default: the DAGs folder): ``DAG_ID``'s, or all with ``--all``."""
+def _dags_to_check(args: argparse.Namespace) -> tuple[list[Any], list[UnknownTask]]:
+    """The DAGs parsed from ``--subdir`` (default: the DAGs folder): ``DAG_ID``'s, or all with ``--all``; with
+    ``--all``, each DAG file that did not import is a thing not judged (its tasks may write the same tables)."""
     from airflow import settings
     from airflow.dag_processing.dagbag import DagBag
+
+    from airflow_delta_occ.dagcheck.report import TaskRef, UnknownTask
 
     if bool(args.dag_id) == bool(args.all):
         _fail("give a DAG_ID or --all (not both)", EXIT_USAGE)
     folder = args.subdir or settings.DAGS_FOLDER
     bag = DagBag(dag_folder=folder)
-    notes = [f"DAG file {path} did not import, so its tasks were not checked: {' '.join(str(error).split())[:300]}"
-             for path, error in sorted(bag.import_errors.items())]
+    broken = [UnknownTask(TaskRef(f"<{path}>", "*"), f"the DAG file did not import: {_last_line(error)}")
+              for path, error in sorted(bag.import_errors.items())]
     if args.all:
-        return [bag.dags[dag_id] for dag_id in sorted(bag.dags)], notes
+        return [bag.dags[dag_id] for dag_id in sorted(bag.dags)], broken
     if args.dag_id not in bag.dags:
-        errors = f"; {len(notes)} DAG file(s) did not import: {notes[0]}" if notes else ""
+        errors = f"; {len(broken)} DAG file(s) did not import: {broken[0].task.dag_id} {broken[0].reason}" \
+            if broken else ""
         _fail(f"no DAG {args.dag_id!r} under {folder}{errors}", EXIT_USAGE)
-    return [bag.dags[args.dag_id]], notes
+    return [bag.dags[args.dag_id]], []
+
+
+def _last_line(error: object) -> str:
+    """The exception line of a traceback (what went wrong), not its first frames."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    return (lines[-1] if lines else "")[:300]
 
 
 def _optional_pool_config(args: argparse.Namespace) -> PoolConfig | None:

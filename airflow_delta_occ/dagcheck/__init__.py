@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from .judge import Advice, PlannedTask, conflicting_pairs
-from .report import CheckReport
-from .sample import DEFAULT_MAX_MAPPED, sample
+from .report import CheckReport, UnknownTask
+from .sample import DEFAULT_MAX_MAPPED, DEFAULT_RUNS, sample
 
 if TYPE_CHECKING:
     from airflow.sdk import DAG
@@ -24,13 +24,15 @@ if TYPE_CHECKING:
 
 def check_dags(dags: Sequence[DAG], *, date: dt.datetime, next_date: dt.datetime | None = None,
                model: Model = "delta", pools: PoolConfig | None = None, pool_slots: Mapping[str, int] | None = None,
-               max_mapped: int = DEFAULT_MAX_MAPPED, notes: Sequence[str] = ()) -> CheckReport:
-    """Every pair of Delta task instances of ``dags``' sample runs that can conflict, and what keeps it apart."""
+               max_mapped: int = DEFAULT_MAX_MAPPED, runs: int = DEFAULT_RUNS, notes: Sequence[str] = (),
+               unknown: Sequence[UnknownTask] = ()) -> CheckReport:
+    """Every pair of Delta task instances of ``dags``' sample runs that can conflict, and what keeps it apart.
+    ``unknown``: what the caller could not judge already (DAG files that did not import)."""
     sampled = sample(dags, date=date, next_date=next_date, model=model, pools=pools, pool_slots=pool_slots or {},
-                     max_mapped=max_mapped)
+                     max_mapped=max_mapped, runs=runs)
     pairs, disjoint = conflicting_pairs(sampled.planned, _advice(pools))
     return CheckReport(dags=tuple(dag.dag_id for dag in dags), runs=sampled.runs, judged=len(sampled.planned),
-                       conflicts=tuple(pairs), disjoint=disjoint, unknown=sampled.unknown,
+                       conflicts=tuple(pairs), disjoint=disjoint, unknown=(*unknown, *sampled.unknown),
                        notes=(*notes, *sampled.notes))
 
 
@@ -46,7 +48,8 @@ def _advice(pools: PoolConfig | None) -> Advice:
         if a.ref.dag_id != b.ref.dag_id:
             return fix
         if a.ref.run != b.ref.run:
-            return f"{fix}; or max_active_runs=1 on DAG {a.ref.dag_id}"
+            return (f"{fix}; or depends_on_past=True or max_active_tis_per_dag=1 on {a.ref.task_id}"
+                    if a.ref.task_id == b.ref.task_id else fix)
         if a.ref.task_id == b.ref.task_id:
             return f"{fix}; or max_active_tis_per_dagrun=1 on {a.ref.task_id}"
         return f"{fix}; or make one depend on the other ({a.ref.task_id} >> {b.ref.task_id})"

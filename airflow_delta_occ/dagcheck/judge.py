@@ -30,7 +30,6 @@ class Scheduling:
     max_active_tis_per_dag: int | None = None
     max_active_tis_per_dagrun: int | None = None
     depends_on_past: bool = False
-    dag_max_active_runs: int | None = None
     dag_max_active_tasks: int | None = None
 
 
@@ -115,8 +114,7 @@ def kept_apart(a: PlannedTask, b: PlannedTask) -> KeptApart | None:
         return KeptApart(Separation.TASK_LIMIT, f"{a.ref.task_id} has max_active_tis_per_dag=1")
     if a.ref.run == b.ref.run:
         return _within_run(a, b, same_task)
-    if sa.dag_max_active_runs == 1:
-        return KeptApart(Separation.RUN_LIMIT, f"DAG {a.ref.dag_id} has max_active_runs=1")
+    # Two runs: max_active_runs does not keep them apart (a backfill's runs count against its own limit).
     if same_task and a.ref.map_index == b.ref.map_index and sa.depends_on_past:
         return KeptApart(Separation.RUN_LIMIT, f"{a.ref.task_id} has depends_on_past=True: a run's instance waits "
                          "for the previous run's")

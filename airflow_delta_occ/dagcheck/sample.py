@@ -19,9 +19,10 @@ import copy
 import datetime as dt
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from airflow_delta_occ.exceptions import PoolConfigError
 from airflow_delta_occ.jobs.spec import RunIdentity
 from airflow_delta_occ.operators.delta import DeltaBaseOperator
 from airflow_delta_occ.pools.compare import PlannedJob
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
 #: Map indexes planned per mapped task: every pair of them is judged (quadratic), so a thousand-date
 #: backfill is sampled, and the report says so.
 DEFAULT_MAX_MAPPED = 64
+#: Consecutive scheduled runs compared per DAG (their instances are paired across runs too).
+DEFAULT_RUNS = 3
 
 
 @dataclass(frozen=True)
@@ -65,58 +68,89 @@ class Sampled:
     notes: tuple[str, ...]
 
 
-def sample_runs(dag: DAG, date: dt.datetime, next_date: dt.datetime | None) -> tuple[list[SampleRun], str | None]:
-    """The run of ``date`` and, when two runs of the DAG may overlap, the next one; and a note when there is none."""
+def sample_runs(dag: DAG, date: dt.datetime, next_date: dt.datetime | None, runs: int
+                ) -> tuple[list[SampleRun], str | None]:
+    """The runs whose task instances may overlap, and a note on what was left out.
+
+    * ``next_date`` given: the runs of ``date`` and ``next_date``.
+    * A DAG with a schedule: ``runs`` consecutive scheduled runs from the first at or after ``date``.
+      ``max_active_runs`` does not keep them apart: the scheduler counts a backfill's runs against the
+      backfill's own limit, apart from the scheduled ones.
+    * Otherwise (no schedule, assets, ``@once``): one run, and a second of the same date when
+      ``max_active_runs`` lets two manual runs overlap.
+    """
     from airflow.serialization.encoders import coerce_to_core_timetable
-    from airflow.timetables.base import TimeRestriction
 
     timetable = coerce_to_core_timetable(dag.timetable)
-    first = _run(timetable, date, date.date().isoformat())
+    if next_date is not None:
+        return [_manual(timetable, date, date.date().isoformat()),
+                _manual(timetable, next_date, _label(next_date, date))], None
+    scheduled = _scheduled(timetable, date, runs)
+    if scheduled:
+        return scheduled, (f"{dag.dag_id}: {len(scheduled)} consecutive scheduled runs compared; runs further apart "
+                           "(a backfill runs up to its own max_active_runs at once) were not (--runs)")
+    first = _manual(timetable, date, date.date().isoformat())
     if dag.max_active_runs == 1:
         return [first], None
-    if next_date is None:
-        info = timetable.next_dagrun_info(
-            last_automated_data_interval=_interval(timetable, date),
-            restriction=TimeRestriction(earliest=None, latest=None, catchup=True))
-        if info is None:
-            return [first], (f"{dag.dag_id}: one run checked; the DAG has no schedule, so which runs may overlap is "
-                             "unknown (pass --next-date to compare two runs)")
-        next_date = getattr(info, "logical_date", None) or (info.data_interval.start if info.data_interval else None)
-        if next_date is None:
-            return [first], f"{dag.dag_id}: one run checked; its timetable gives the next run no date"
-    second = _run(timetable, next_date, next_date.isoformat() if next_date.date() == date.date()
-                  else next_date.date().isoformat())
-    return [first, second], None
+    return [first, replace(first, label=f"{first.label}#2")], None
 
 
-def _interval(timetable: Any, date: dt.datetime) -> Any:
+def _label(when: dt.datetime, first: dt.datetime) -> str:
+    return when.isoformat() if when.date() == first.date() else when.date().isoformat()
+
+
+def _manual(timetable: Any, date: dt.datetime, label: str) -> SampleRun:
+    """A run of ``date`` as ``airflow tasks render DAG TASK DATE`` builds it (the manual run's interval)."""
     from airflow._shared.timezones import timezone
 
-    return timetable.infer_manual_data_interval(run_after=timezone.coerce_datetime(date))
-
-
-def _run(timetable: Any, date: dt.datetime, label: str) -> SampleRun:
-    interval = _interval(timetable, date)
+    interval = timetable.infer_manual_data_interval(run_after=timezone.coerce_datetime(date))
     return SampleRun(label, date, interval.start, interval.end)
 
 
+def _scheduled(timetable: Any, date: dt.datetime, count: int) -> list[SampleRun]:
+    """The first ``count`` runs the timetable schedules at or after ``date`` (none without a schedule)."""
+    from airflow._shared.timezones import timezone
+    from airflow.timetables.base import TimeRestriction
+
+    restriction = TimeRestriction(earliest=timezone.coerce_datetime(date), latest=None, catchup=True)
+    found: list[SampleRun] = []
+    last = None
+    while len(found) < count:
+        info = timetable.next_dagrun_info(last_automated_data_interval=last, restriction=restriction)
+        if info is None or info.data_interval is None:
+            break
+        logical = getattr(info, "logical_date", None) or info.data_interval.start
+        if found and logical <= found[-1].logical_date:
+            break   # a timetable that does not move on
+        label = _label(logical, found[0].logical_date) if found else logical.date().isoformat()
+        found.append(SampleRun(label, logical, info.data_interval.start, info.data_interval.end))
+        last = info.data_interval
+    return found
+
+
 def sample(dags: Sequence[DAG], *, date: dt.datetime, next_date: dt.datetime | None, model: Model,
-           pools: PoolConfig | None, pool_slots: Mapping[str, int], max_mapped: int = DEFAULT_MAX_MAPPED) -> Sampled:
-    """Render and plan every Delta task instance of the sample runs of ``dags``."""
+           pools: PoolConfig | None, pool_slots: Mapping[str, int], max_mapped: int = DEFAULT_MAX_MAPPED,
+           runs: int = DEFAULT_RUNS) -> Sampled:
+    """Render and plan every Delta task instance of the sample runs of ``dags``. A DAG whose runs cannot be
+    sampled (its timetable fails) is one unknown entry; it never stops the others."""
     planned: list[PlannedTask] = []
     unknown: list[UnknownTask] = []
     labels: list[str] = []
     notes: list[str] = []
     for dag in dags:
-        runs, note = sample_runs(dag, date, next_date)
+        try:
+            sampled, note = sample_runs(dag, date, next_date, runs)
+        except Exception as exc:  # a custom timetable that fails, dates it refuses
+            unknown.append(UnknownTask(TaskRef(dag.dag_id, "*"), f"its runs could not be sampled: {_error_text(exc)}"))
+            continue
         notes += [note] if note else []
-        labels += [run.label for run in runs if run.label not in labels]
+        labels += [run.label for run in sampled if run.label not in labels]
         for task in dag.tasks:
             if not _is_delta_task(task):
                 continue
             facts = _scheduling(dag, task, pool_slots)
-            for run in runs:
-                for found in _instances(dag, task, run, max_mapped, notes):
+            for run in sampled:
+                for found in _instances(dag, task, run, max_mapped):
                     if isinstance(found, UnknownTask):
                         unknown.append(found)
                         continue
@@ -138,28 +172,37 @@ def _scheduling(dag: DAG, task: Any, pool_slots: Mapping[str, int]) -> Schedulin
         upstream=ordered_upstream(task), airflow_pool=pool,
         airflow_pool_slots=pool_slots.get(pool), max_active_tis_per_dag=getattr(task, "max_active_tis_per_dag", None),
         max_active_tis_per_dagrun=getattr(task, "max_active_tis_per_dagrun", None),
-        depends_on_past=bool(getattr(task, "depends_on_past", False)), dag_max_active_runs=dag.max_active_runs,
-        dag_max_active_tasks=dag.max_active_tasks)
+        depends_on_past=bool(getattr(task, "depends_on_past", False)), dag_max_active_tasks=dag.max_active_tasks)
 
 
-def ordered_upstream(task: Any) -> frozenset[str]:
-    """The tasks that end before ``task`` starts in the same run: its upstream tasks, transitively, through
-    tasks that wait for theirs. A task with trigger rule ``always`` starts whenever it likes, so what is
-    upstream of it orders nothing after it."""
-    found: set[str] = set()
-    stack = [task]
-    while stack:
-        current = stack.pop()
-        if current.trigger_rule == "always":
-            continue
-        for upstream in current.upstream_list:
-            if upstream.task_id not in found:
-                found.add(upstream.task_id)
-                stack.append(upstream)
-    return frozenset(found)
+#: Trigger rules that start a task once *one* parent is done: what is upstream of only some parents may still run.
+_ONE_PARENT_RULES = frozenset({"one_success", "one_failed", "one_done"})
 
 
-def _instances(dag: DAG, task: Any, run: SampleRun, max_mapped: int, notes: list[str]
+def ordered_upstream(task: Any, memo: dict[str, frozenset[str]] | None = None) -> frozenset[str]:
+    """The tasks certain to have ended before ``task`` starts in the same run.
+
+    Most trigger rules wait for every parent, so each parent and what it waits for count. ``always`` waits for
+    nothing. ``one_success``, ``one_failed`` and ``one_done`` start once one parent is done, so only what
+    every parent's line has in common counts (with one parent, that parent and what it waits for).
+    """
+    memo = {} if memo is None else memo
+    if task.task_id in memo:
+        return memo[task.task_id]
+    memo[task.task_id] = frozenset()   # a cycle cannot be in a DAG; this only guards the recursion
+    lines = [frozenset({parent.task_id}) | ordered_upstream(parent, memo) for parent in task.upstream_list]
+    rule = str(getattr(task.trigger_rule, "value", task.trigger_rule))
+    if rule == "always" or not lines:
+        found: frozenset[str] = frozenset()
+    elif rule in _ONE_PARENT_RULES:
+        found = frozenset.intersection(*lines)
+    else:
+        found = frozenset.union(*lines)
+    memo[task.task_id] = found
+    return found
+
+
+def _instances(dag: DAG, task: Any, run: SampleRun, max_mapped: int
                ) -> Iterator[UnknownTask | tuple[TaskRef, DeltaBaseOperator]]:
     """Each instance of ``task`` in ``run``, rendered; an unknown for what cannot be rendered before the run."""
     indexes = [-1]
@@ -167,12 +210,13 @@ def _instances(dag: DAG, task: Any, run: SampleRun, max_mapped: int, notes: list
         count = parse_time_map_count(task)
         if count is None:
             yield UnknownTask(TaskRef(dag.dag_id, task.task_id, -1, run.label),
-                              "mapped over another task's output: its instances are known only when the DAG runs")
+                              "mapped over values known only when the DAG runs (another task's output, or a mapped "
+                              "task group)")
             return
         indexes = list(range(min(count, max_mapped)))
         if count > max_mapped:
-            notes.append(f"{dag.dag_id}.{task.task_id} ({run.label}): {max_mapped} of its {count} mapped instances "
-                         "checked (--max-mapped)")
+            yield UnknownTask(TaskRef(dag.dag_id, task.task_id, max_mapped, run.label),
+                              f"map indexes {max_mapped} to {count - 1} of its {count} were not judged (--max-mapped)")
     for index in indexes:
         ref = TaskRef(dag.dag_id, task.task_id, index, run.label)
         try:
@@ -205,13 +249,17 @@ def _render(dag: DAG, task: Any, run: SampleRun, map_index: int) -> DeltaBaseOpe
     dag_run = DagRun(dag_id=dag.dag_id, run_id=run.run_id, logical_date=run.logical_date,
                      data_interval_start=run.interval_start, data_interval_end=run.interval_end,
                      run_after=run.interval_end, start_date=None, end_date=None, run_type=DagRunType.MANUAL,
-                     state=DagRunState.RUNNING, consumed_asset_events=[], partition_key=None)
+                     state=DagRunState.RUNNING, consumed_asset_events=[], partition_key=None, conf={})
     copied = task if task.get_needs_expansion() else copy.deepcopy(task)  # a mapped task renders a new one
     ti = RuntimeTaskInstance.model_construct(
         id=uuid.uuid4(), task_id=task.task_id, dag_id=dag.dag_id, run_id=run.run_id, try_number=1,
         map_index=map_index, dag_version_id=uuid.uuid4(), task=copied, max_tries=0,
         _ti_context_from_server=TIRunContext(dag_run=dag_run, max_tries=0, variables=[], connections=[]))
     context = ti.get_template_context()
+    # A Variable or a connection is the deployment's, not the CLI's: a template that reads one (even with a
+    # default) cannot be judged here.
+    context["var"] = _Unavailable("a Variable")
+    context["conn"] = _Unavailable("a connection")
     copied.render_template_fields(context)
     rendered = context["task"]
     if not isinstance(rendered, DeltaBaseOperator):
@@ -221,25 +269,37 @@ def _render(dag: DAG, task: Any, run: SampleRun, map_index: int) -> DeltaBaseOpe
 
 def _plan(ref: TaskRef, task: DeltaBaseOperator, scheduling: Scheduling, model: Model,
           pools: PoolConfig | None) -> PlannedTask | UnknownTask:
+    from airflow_delta_occ.engine.planner import TableState
+    from airflow_delta_occ.hooks.leases import pooled_table
+
     if task.table is None:
         return UnknownTask(ref, f"the table is given by catalog name ({task.table_name!r}): its location is known "
                            "only to Spark's catalog, which the check does not start", str(task.table_name))
     try:
         table = normalize_table(task.table)
+        pool = None
+        if task.conflict_pool is not None:   # what the run checks before it asks for a lease
+            if pools is None:
+                raise PoolConfigError(f"conflict_pool={task.conflict_pool!r}: no pool file (give --pool-file or "
+                                      "[delta_occ] pool_file); the task would fail when it runs")
+            pool = pools.get(task.conflict_pool)
+            pooled_table(pool, task.table)
         prepared = task.plan_job(RunIdentity(ref.dag_id, ref.task_id, f"delta_occ_check__{ref.run}", ref.map_index))
         footprint = prepared.footprint
-    except Exception as exc:  # the table does not exist yet, is unreadable, or the job cannot be built
+    except Exception as exc:  # no such pool or table, the table is unreadable, or the job cannot be built
         return UnknownTask(ref, _error_text(exc), str(task.table))
-    from airflow_delta_occ.engine.planner import TableState
-
-    pool = None
-    if task.conflict_pool is not None and pools is not None:
-        try:
-            pool = pools.get(task.conflict_pool)
-        except Exception:   # a pool the file does not have: the run would fail; the check judges the job
-            pool = None
     return PlannedTask(ref, table, PlannedJob(footprint, TableState.of(prepared.snapshot)),
                        pool.model if pool is not None else model, task.conflict_pool, scheduling)
+
+
+class _Unavailable:
+    """Stands for ``var`` and ``conn`` in the sample run's context: any use fails the rendering."""
+
+    def __init__(self, what: str) -> None:
+        self._what = what
+
+    def __getattr__(self, name: str) -> Any:
+        raise LookupError(f"the template reads {self._what} ({name}), which only the deployment has")
 
 
 def _error_text(exc: BaseException) -> str:

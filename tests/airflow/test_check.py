@@ -81,8 +81,8 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 def _check(lake: dict[str, Any], *dag_ids: str, **kwargs: Any) -> CheckReport:
     from airflow_delta_occ.pools.config import load_pool_config
 
-    return check_dags([lake["dags"][d] for d in dag_ids], date=_date(DAY), pools=load_pool_config(lake["pools"]),
-                      **kwargs)
+    kwargs.setdefault("pools", load_pool_config(lake["pools"]))
+    return check_dags([lake["dags"][d] for d in dag_ids], date=_date(DAY), **kwargs)
 
 
 def _date(text: str) -> Any:
@@ -129,6 +129,21 @@ def test_a_dependency_on_a_task_that_runs_always_keeps_nothing_apart(lake: dict[
     assert not pair.protected
 
 
+def test_a_task_that_starts_after_one_of_its_parents_is_not_kept_apart_from_the_others(
+        lake: dict[str, Any]) -> None:
+    """Review: with ``one_success`` purge_de may start once fix_fr is done, while fix_de still writes DE."""
+    (pair,) = _check(lake, "check_one_success").conflicts
+    assert _tasks(pair) == {"fix_de", "purge_de"} and not pair.protected
+
+
+def test_two_manual_runs_of_a_dag_without_a_schedule_meet(lake: dict[str, Any]) -> None:
+    report = _check(lake, "check_manual_runs")
+    assert report.runs == (DAY, f"{DAY}#2")
+    (pair,) = report.conflicts
+    assert pair.a.task_id == pair.b.task_id == "compact_de" and pair.a.run != pair.b.run and not pair.protected
+    assert "depends_on_past=True or max_active_tis_per_dag=1 on compact_de" in (pair.advice or "")
+
+
 def test_the_same_pair_in_a_conflict_pool_is_kept_apart(lake: dict[str, Any]) -> None:
     report = _check(lake, "check_pooled")
     (pair,) = report.conflicts
@@ -158,31 +173,52 @@ def test_mapped_instances_are_paired_with_their_siblings(lake: dict[str, Any]) -
     assert len(limited) == 3 and all(p.kept_apart and p.kept_apart.by is Separation.TASK_LIMIT for p in limited)
 
 
-def test_two_runs_at_once_meet_only_where_the_days_do_not_confine_them(lake: dict[str, Any]) -> None:
+def test_scheduled_runs_meet_only_where_the_days_do_not_confine_them(lake: dict[str, Any]) -> None:
+    """Three consecutive runs: max_active_runs=1 does not keep them apart (a backfill's runs count against the
+    backfill's own limit), so the whole-table OPTIMIZEs of any two of them meet; `day` never does."""
     report = _check(lake, "check_daily")
-    assert report.runs == ("2024-03-01", "2024-03-02") and report.judged == 4
-    (pair,) = report.conflicts   # `day` of the two runs: other dates; the whole-table OPTIMIZEs meet
-    assert pair.a.task_id == pair.b.task_id == "compact_events" and {pair.a.run, pair.b.run} == set(report.runs)
-    assert not pair.protected and "max_active_runs=1" in (pair.advice or "")
+    assert report.runs == ("2024-03-01", "2024-03-02", "2024-03-03") and report.judged == 6
+    assert {frozenset((p.a.run, p.b.run)) for p in report.conflicts} == {
+        frozenset(r) for r in (("2024-03-01", "2024-03-02"), ("2024-03-01", "2024-03-03"),
+                               ("2024-03-02", "2024-03-03"))}
+    assert all(_tasks(p) == {"compact_events"} and not p.protected for p in report.conflicts)
+    in_order = _check(lake, "check_daily_in_order")
+    assert len(in_order.conflicts) == 3 and all(
+        p.kept_apart is not None and p.kept_apart.by is Separation.RUN_LIMIT for p in in_order.conflicts)
+    assert _check(lake, "check_daily", runs=2).runs == ("2024-03-01", "2024-03-02")
 
 
 def test_tasks_in_different_dags_on_one_table_are_paired(lake: dict[str, Any]) -> None:
     report = _check(lake, "check_daily", "check_other_dag")
     across = [p for p in report.conflicts if p.a.dag_id != p.b.dag_id]
     assert {_tasks(p) for p in across} == {frozenset({"compact_events", "trim_events"})}
-    assert len(across) == 2 and not any(p.protected for p in across)   # with each run's compaction
+    assert len(across) == 3 and not any(p.protected for p in across)   # with each run's compaction
 
 
 def test_what_cannot_be_judged_is_listed_as_unknown_never_as_safe(lake: dict[str, Any]) -> None:
     report = _check(lake, "check_unknowns")
     reasons = {u.task.task_id: u.reason for u in report.unknown}
-    assert set(reasons) == {"from_upstream", "by_name", "missing_table", "needs_a_variable"}, reasons
+    assert set(reasons) == {"from_upstream", "by_name", "missing_table", "needs_a_variable",
+                            "outside_its_pool"}, reasons
     assert "another task's output" in reasons["from_upstream"]
     assert "catalog name" in reasons["by_name"]
     assert "TableNotFoundError" in reasons["missing_table"]
-    assert "did not render" in reasons["needs_a_variable"]
+    # Review: a Variable read with a default rendered the default, so the verdict depended on the CLI's host.
+    assert "did not render" in reasons["needs_a_variable"] and "a Variable" in reasons["needs_a_variable"]
+    assert "PoolConfigError" in reasons["outside_its_pool"] and "not in conflict pool" in reasons["outside_its_pool"]
     assert report.judged == 0 and report.conflicts == () and report.disjoint == 0
     assert report.exit_code() == 0 and report.exit_code(fail_on_unknown=True) == 1
+    # A pooled task whose pool cannot be read would fail when it runs: not judged as kept apart.
+    unpooled = _check(lake, "check_pooled", pools=None)
+    assert unpooled.conflicts == () and {u.task.task_id for u in unpooled.unknown} == {"fix_de", "purge_de"}
+
+
+def test_mapped_instances_beyond_the_limit_are_not_judged_and_say_so(lake: dict[str, Any]) -> None:
+    report = _check(lake, "check_mapped", max_mapped=2)
+    cut = {u.task.task_id: u.reason for u in report.unknown}
+    assert set(cut) == {"by_day", "same_day", "same_day_limited"}
+    assert cut["by_day"] == "map indexes 2 to 2 of its 3 were not judged (--max-mapped)"
+    assert report.exit_code(fail_on_unknown=True) == 1
 
 
 # -- the e2e DAGs: what the check says against what Delta raised ------------------------------------
@@ -202,8 +238,10 @@ def test_the_e2e_dags_verdicts_are_the_pairs_delta_failed(lake: dict[str, Any]) 
     delta_pairs = {p for p in CONFLICTING if "set_properties" not in p}   # a plain task: not the check's
     for dag_id, protected in (("delta_occ_e2e_naive", False), ("delta_occ_e2e_pooled", True)):
         report = check_dags([bag.dags[dag_id]], date=_date(DAY), pools=pools)
-        assert report.judged == len(WRITERS) - 1 and report.unknown == ()
-        assert {_tasks(p) for p in report.conflicts} == delta_pairs
+        assert report.runs == (DAY, f"{DAY}#2")     # no schedule: two manual runs may overlap
+        assert report.judged == 2 * (len(WRITERS) - 1) and report.unknown == ()
+        within = [p for p in report.conflicts if p.a.run == p.b.run == DAY]   # the run the e2e made
+        assert {_tasks(p) for p in within} == delta_pairs
         assert all(p.protected == protected for p in report.conflicts)
         assert report.exit_code() == (0 if protected else 1)
 
@@ -241,11 +279,24 @@ def test_the_command_reads_the_airflow_pools_of_the_metadata_database(airflow_en
     assert "kept apart by airflow_pool: both in Airflow pool 'single', which has one slot" in result.stdout
 
 
+def test_with_all_a_dag_file_that_does_not_import_is_not_judged(airflow_env: dict[str, str], lake: dict[str, Any],
+                                                                 tmp_path: Path) -> None:
+    folder = tmp_path / "dags"
+    folder.mkdir()
+    (folder / "broken.py").write_text("from airflow.sdk import DAG\nraise RuntimeError('cannot reach the lake')\n")
+    result = _cli(airflow_env, lake, "--all", "-S", str(folder), "--fail-on-unknown", "-o", "json")
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    (broken,) = json.loads(result.stdout)["unknown"]
+    assert broken["task"]["dag_id"].endswith("broken.py>")
+    assert broken["reason"] == "the DAG file did not import: RuntimeError: cannot reach the lake"
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (("no_such_dag",), "no DAG 'no_such_dag'"),
     (("check_pooled", "--date", "03/01/2024"), "--date: expected a date as YYYY-MM-DD"),
     (("check_pooled", "--all"), "give a DAG_ID or --all"),
     (("check_pooled", "--max-mapped", "0"), "--max-mapped must be at least 1"),
+    (("check_pooled", "--runs", "0"), "--runs must be at least 1"),
 ])
 def test_the_command_refuses_bad_arguments_with_exit_2(airflow_env: dict[str, str], lake: dict[str, Any],
                                                        args: tuple[str, ...], message: str) -> None:

@@ -468,10 +468,11 @@ def test_the_check_named_the_pairs_and_the_exception_delta_raised(airflow: dict[
     result = airflow["cli"]("delta-occ", "check", NAIVE, "--date", "2024-01-01", "-o", "json")
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(result.stdout)
-    pairs = {frozenset((p["a"]["task_id"], p["b"]["task_id"])) for p in report["conflicts"]}
+    within = [p for p in report["conflicts"] if p["a"]["run"] == p["b"]["run"] == "2024-01-01"]  # one run, as here
+    pairs = {frozenset((p["a"]["task_id"], p["b"]["task_id"])) for p in within}
     assert pairs == {p for p in CONFLICTING if "set_properties" not in p}
-    assert report["unprotected"] == len(pairs) and report["unknown"] == []
-    predicted = {o["exception"] for p in report["conflicts"] for o in p["outcomes"]
+    assert not any(p["protected"] for p in report["conflicts"]) and report["unknown"] == []
+    predicted = {o["exception"] for p in within for o in p["outcomes"]
                  if (o["winner"]["task_id"], o["loser"]["task_id"]) == ("update_p1", "merge_p1")}
     raised = {c["kind"] for c in (naive["xcom"].get("merge_p1") or {}).get("conflicts", [])}
     print("check predicted", predicted, "for update_p1 first; Delta raised on merge_p1:", raised)

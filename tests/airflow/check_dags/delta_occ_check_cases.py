@@ -8,14 +8,18 @@ pool ``check`` for ``sales``.
   nothing between them; ``fix_fr`` works on another partition.
 * ``check_dependency``: the same pair, ``fix_de >> purge_de``.
 * ``check_always``: the same dependency, but ``purge_de`` has trigger rule ``always``: it does not wait.
+* ``check_one_success``: ``[fix_de, fix_fr] >> purge_de`` with ``one_success``: it starts once either is done.
+* ``check_manual_runs``: no schedule, four runs at a time: two manual runs of one day meet.
 * ``check_pooled``: the same pair, both in conflict pool ``check``.
 * ``check_airflow_pool``: the same pair, both in Airflow pool ``single`` (one slot, made by the test).
 * ``check_mapped``: ``by_day`` is mapped over three days of IT (disjoint); ``same_day`` over three countries'
   worth of the same partition (its instances conflict); ``same_day_limited`` likewise, one at a time.
-* ``check_daily``: scheduled daily, two runs at once: ``day`` is confined to ``{{ ds }}`` (runs never
-  meet), ``compact_events`` compacts the whole unpartitioned table (each run's meets the next's).
+* ``check_daily``: scheduled daily, ``max_active_runs=1`` (a backfill's runs still overlap): ``day`` is
+  confined to ``{{ ds }}`` (runs never meet), ``compact_events`` compacts the whole unpartitioned table (each
+  run's meets the others'). ``check_daily_in_order``: the same compaction with ``depends_on_past=True``.
 * ``check_unknowns``: what cannot be judged before a run: a task mapped over another task's output, a
-  catalog table name, a table that does not exist, a template that needs a Variable.
+  catalog table name, a table that does not exist, a template that reads a Variable (with a default), a
+  templated table outside the task's conflict pool.
 * ``check_other_dag``: a writer of ``events`` in another DAG (``--all`` pairs it with ``check_daily``'s).
 """
 
@@ -36,7 +40,8 @@ START = dt.datetime(2024, 1, 1)
 
 
 def _dag(dag_id: str, **kwargs: object) -> DAG:
-    settings = {"schedule": None, "start_date": START, "catchup": False, **kwargs}
+    """Without a schedule and one run at a time, unless a case says otherwise: one sample run."""
+    settings = {"schedule": None, "start_date": START, "catchup": False, "max_active_runs": 1, **kwargs}
     return DAG(dag_id=dag_id, **settings)  # type: ignore[arg-type]
 
 
@@ -61,6 +66,15 @@ with _dag("check_always"):
     fix, purge = _pair(trigger_rule="always")
     fix >> purge
 
+with _dag("check_one_success"):
+    fix, purge = _pair(trigger_rule="one_success")
+    fix_fr = DeltaUpdateOperator(task_id="fix_fr", table=SALES, partitions={"date": "{{ ds }}", "country": "FR"},
+                                 set={"amount": "amount * 2"})
+    [fix, fix_fr] >> purge
+
+with _dag("check_manual_runs", max_active_runs=4):
+    DeltaOptimizeOperator(task_id="compact_de", table=SALES, partitions={"date": "{{ ds }}", "country": "DE"})
+
 with _dag("check_pooled"):
     _pair(conflict_pool="check")
 
@@ -76,10 +90,13 @@ with _dag("check_mapped"):
                                 partitions={"date": "{{ ds }}", "country": "FR"}
                                 ).expand(set=[{"amount": str(n)} for n in range(3)])
 
-with _dag("check_daily", schedule="@daily", max_active_runs=2):
+with _dag("check_daily", schedule="@daily"):
     DeltaUpdateOperator(task_id="day", table=SALES, partitions={"date": "{{ ds }}", "country": "IT"},
                         set={"amount": "0"})
     DeltaOptimizeOperator(task_id="compact_events", table=EVENTS)
+
+with _dag("check_daily_in_order", schedule="@daily"):
+    DeltaOptimizeOperator(task_id="compact_events", table=EVENTS, depends_on_past=True)
 
 with _dag("check_unknowns"):
     @task
@@ -90,7 +107,10 @@ with _dag("check_unknowns"):
     DeltaOptimizeOperator(task_id="by_name", table_name="main.sales")
     DeltaOptimizeOperator(task_id="missing_table", table=str(ROOT / "missing"))
     DeltaOptimizeOperator(task_id="needs_a_variable", table=SALES,
-                          partitions={"date": "{{ var.value.delta_occ_check_day }}", "country": "DE"})
+                          partitions={"date": "{{ var.value.get('delta_occ_check_day', '2024-03-01') }}",
+                                      "country": "DE"})
+    DeltaOptimizeOperator(task_id="outside_its_pool", table="{{ params.table }}", conflict_pool="check",
+                          params={"table": EVENTS})
 
 with _dag("check_other_dag"):
     DeltaDeleteOperator(task_id="trim_events", table=EVENTS, where="id < 0")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -104,6 +105,20 @@ class SubmitTransport(JobTransport):
         return EmbeddedTransport(self.host).job_session()
 
 
+def for_the_task_log(raw: str, log: logging.Logger | Any) -> bool:
+    """Whether a driver line goes on to ``SparkSubmitHook``, which logs every line at INFO. A stack trace's
+    lines (and log4j DEBUG lines) are logged here at DEBUG instead: a missing source made 84 Java stack lines
+    at INFO before the one line that says what is missing (issue #24). The levels are the embedded JVM's
+    (``spark.jvm_output.line_level``); what the hook parses (application ids, exit codes) is never a stack line."""
+    from airflow_delta_occ.spark.jvm_output import line_level
+
+    line = raw.rstrip("\r\n")
+    if line_level(line) > logging.DEBUG:
+        return True
+    log.debug("%s", line)
+    return False
+
+
 @functools.cache
 def _submit_hook_class() -> Any:
     # Built lazily: importing this module must not need the Spark provider.
@@ -156,6 +171,7 @@ def _submit_hook_class() -> Any:
                     self.table = str(row["error"]) if "error" in row else TableDescription.from_row(row)
                 elif self.conflict is None:
                     self.conflict = classify_conflict(line)
-                yield raw
+                if for_the_task_log(raw, self.log):
+                    yield raw
 
     return ResultCapturingSubmitHook

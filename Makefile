@@ -46,7 +46,8 @@ typecheck: setup
 ## The API reference (from the docstrings and the provider's info) and the guides, into build/docs; any warning fails.
 docs: setup
 	rm -rf build/docs
-	$(VENV)/bin/sphinx-build -E -W --keep-going -q -b html docs build/docs
+	# Importing Airflow for autodoc writes an Airflow home: a throwaway one, not ~/airflow.
+	AIRFLOW_HOME=$$(mktemp -d) $(VENV)/bin/sphinx-build -E -W --keep-going -q -b html docs build/docs
 
 bench: setup
 	$(PY) benchmarks/snapshot_load.py

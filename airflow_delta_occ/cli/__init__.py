@@ -79,7 +79,7 @@ def get_provider_cli_definitions() -> list[CLICommand]:
             "each table's Delta log (no Spark), plans every task's footprint and lists each pair that can run "
             "at the same time and can conflict, with the planner's reason and the exception Delta would "
             "raise, and what keeps the pair apart (a dependency, the same conflict pool, an Airflow pool of "
-            "one slot, a task limit, depends_on_past) or what would. Tasks it cannot render or whose table it "
+            "one slot, a task limit) or what would. Tasks it cannot render or whose table it "
             "cannot read are listed as not judged, never as safe. Exit 1 when a pair that can conflict is not "
             "kept apart (a deployment gate); 2 on a usage error."),
         func=lazy_load_command(f"{COMMANDS}.check"),

@@ -15,6 +15,7 @@ Errors are printed as one line, without a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import sys
@@ -379,15 +380,19 @@ def check(args: argparse.Namespace) -> None:
     from airflow_delta_occ.dagcheck import check_dags
 
     date, next_date = _date_arg(args.date, "--date") or _today(), _date_arg(args.next_date, "--next-date")
+    if next_date is not None and next_date == date:
+        _fail("--next-date must be another run's date than --date", EXIT_USAGE)
     for option, value in (("--max-mapped", args.max_mapped), ("--runs", args.runs)):
         if value < 1:
             _fail(f"{option} must be at least 1, got {value}", EXIT_USAGE)
-    dags, broken = _dags_to_check(args)
-    pools = _optional_pool_config(args)
-    slots, slot_note = _airflow_pool_slots()
-    report = check_dags(dags, date=date, next_date=next_date, model=args.model, pools=pools, pool_slots=slots,
-                        max_mapped=args.max_mapped, runs=args.runs, notes=[slot_note] if slot_note else [],
-                        unknown=broken)
+    # What DAG files print while they are parsed goes to stderr: stdout is the report (JSON with -o json).
+    with contextlib.redirect_stdout(sys.stderr):
+        dags, broken = _dags_to_check(args)
+        pools = _optional_pool_config(args)
+        slots, slot_note = _airflow_pool_slots()
+        report = check_dags(dags, date=date, next_date=next_date, model=args.model, pools=pools, pool_slots=slots,
+                            max_mapped=args.max_mapped, runs=args.runs, notes=[slot_note] if slot_note else [],
+                            unknown=broken)
     if args.output == "json":
         print(json.dumps(report.to_json(), indent=2))
     else:
@@ -412,6 +417,8 @@ def _dags_to_check(args: argparse.Namespace) -> tuple[list[Any], list[UnknownTas
     broken = [UnknownTask(TaskRef(f"<{path}>", "*"), f"the DAG file did not import: {_last_line(error)}")
               for path, error in sorted(bag.import_errors.items())]
     if args.all:
+        if not bag.dags and not broken:   # a mistyped -S, an empty folder: nothing checked is not a pass
+            _fail(f"no DAG files under {folder}", EXIT_USAGE)
         return [bag.dags[dag_id] for dag_id in sorted(bag.dags)], broken
     if args.dag_id not in bag.dags:
         errors = f"; {len(broken)} DAG file(s) did not import: {broken[0].task.dag_id} {broken[0].reason}" \

@@ -48,7 +48,7 @@ def _advice(pools: PoolConfig | None) -> Advice:
         if a.ref.dag_id != b.ref.dag_id:
             return fix
         if a.ref.run != b.ref.run:
-            return (f"{fix}; or depends_on_past=True or max_active_tis_per_dag=1 on {a.ref.task_id}"
+            return (f"{fix}; or max_active_tis_per_dag=1 on {a.ref.task_id}"
                     if a.ref.task_id == b.ref.task_id else fix)
         if a.ref.task_id == b.ref.task_id:
             return f"{fix}; or max_active_tis_per_dagrun=1 on {a.ref.task_id}"

@@ -4,7 +4,9 @@ The verdict is the conflict pools' own (``pools.compare.lease_verdict``): each f
 partitions it can touch, so a pair judged disjoint stays disjoint whenever each job reads the table,
 and a pair the pool would serialize is exactly a pair reported here. What keeps a pair apart comes
 from the scheduling facts Airflow applies, in this order: a shared conflict pool, a shared Airflow
-pool of one slot, a dependency path in the same run, the task and run limits.
+pool of one slot, the task limits, a dependency path in the same run. Nothing else keeps two runs apart:
+a backfill's runs count against the backfill's own ``max_active_runs``, and its first run (like a manual
+one) does not wait for the run before under ``depends_on_past``.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ class Scheduling:
     airflow_pool_slots: int | None = None     # None: not read (no metadata database)
     max_active_tis_per_dag: int | None = None
     max_active_tis_per_dagrun: int | None = None
-    depends_on_past: bool = False
     dag_max_active_tasks: int | None = None
 
 
@@ -58,12 +59,16 @@ def conflicting_pairs(tasks: Sequence[PlannedTask], advise: Advice) -> tuple[lis
     disjoint = 0
     for table, members in sorted(by_table.items()):
         for a, b in itertools.combinations(sorted(members, key=lambda t: t.ref), 2):
-            verdict = _verdict(a, b)
-            if not verdict.conflict:
-                disjoint += 1
-                continue
+            try:
+                verdict = _verdict(a, b)
+                if not verdict.conflict:
+                    disjoint += 1
+                    continue
+                outcomes = tuple(o for o in (_outcome(a, b, verdict.model), _outcome(b, a, verdict.model)) if o)
+            except Exception as exc:  # a pair that cannot be judged is never passed as disjoint
+                outcomes = (Outcome(a.ref, b.ref, None, f"could not be judged ({type(exc).__name__}: {exc}); "
+                                    "counted as able to conflict", exact=False),)
             kept = kept_apart(a, b)
-            outcomes = tuple(o for o in (_outcome(a, b, verdict.model), _outcome(b, a, verdict.model)) if o)
             advice = None if kept is not None else advise(a, b)
             pairs.append(ConflictingPair(a.ref, b.ref, table, outcomes, kept, advice))
     return pairs, disjoint
@@ -114,10 +119,8 @@ def kept_apart(a: PlannedTask, b: PlannedTask) -> KeptApart | None:
         return KeptApart(Separation.TASK_LIMIT, f"{a.ref.task_id} has max_active_tis_per_dag=1")
     if a.ref.run == b.ref.run:
         return _within_run(a, b, same_task)
-    # Two runs: max_active_runs does not keep them apart (a backfill's runs count against its own limit).
-    if same_task and a.ref.map_index == b.ref.map_index and sa.depends_on_past:
-        return KeptApart(Separation.RUN_LIMIT, f"{a.ref.task_id} has depends_on_past=True: a run's instance waits "
-                         "for the previous run's")
+    # Two runs: neither max_active_runs (a backfill's runs count against the backfill's own limit) nor
+    # depends_on_past (a backfill's first run, and manual runs, do not wait for the run before) keeps them apart.
     return None
 
 

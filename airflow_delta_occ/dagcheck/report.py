@@ -40,7 +40,6 @@ class Separation(enum.StrEnum):
     CONFLICT_POOL = "conflict_pool"      # the same conflict pool: its leases serialize the pair
     AIRFLOW_POOL = "airflow_pool"        # the same Airflow pool of one slot
     TASK_LIMIT = "task_limit"            # max_active_tis_per_dag(run) = 1, max_active_tasks = 1
-    RUN_LIMIT = "run_limit"              # depends_on_past: a run's instance waits for the previous run's
 
 
 @dataclass(frozen=True)

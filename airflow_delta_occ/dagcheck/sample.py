@@ -15,6 +15,7 @@ a table given by catalog name (its location is Spark's to say), a table that doe
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime as dt
 import uuid
@@ -83,7 +84,9 @@ def sample_runs(dag: DAG, date: dt.datetime, next_date: dt.datetime | None, runs
 
     timetable = coerce_to_core_timetable(dag.timetable)
     if next_date is not None:
-        return [_manual(timetable, date, date.date().isoformat()),
+        if next_date == date:
+            raise ValueError("--next-date is --date: give the date of another run")
+        return [_manual(timetable, date, _label(date, next_date)),
                 _manual(timetable, next_date, _label(next_date, date))], None
     scheduled = _scheduled(timetable, date, runs)
     if scheduled:
@@ -95,8 +98,8 @@ def sample_runs(dag: DAG, date: dt.datetime, next_date: dt.datetime | None, runs
     return [first, replace(first, label=f"{first.label}#2")], None
 
 
-def _label(when: dt.datetime, first: dt.datetime) -> str:
-    return when.isoformat() if when.date() == first.date() else when.date().isoformat()
+def _label(when: dt.datetime, other: dt.datetime) -> str:
+    return when.isoformat() if when.date() == other.date() else when.date().isoformat()
 
 
 def _manual(timetable: Any, date: dt.datetime, label: str) -> SampleRun:
@@ -122,10 +125,14 @@ def _scheduled(timetable: Any, date: dt.datetime, count: int) -> list[SampleRun]
         logical = getattr(info, "logical_date", None) or info.data_interval.start
         if found and logical <= found[-1].logical_date:
             break   # a timetable that does not move on
-        label = _label(logical, found[0].logical_date) if found else logical.date().isoformat()
-        found.append(SampleRun(label, logical, info.data_interval.start, info.data_interval.end))
+        found.append(SampleRun("", logical, info.data_interval.start, info.data_interval.end))
         last = info.data_interval
-    return found
+    # A run's label is its identity in the report (pairs of one label are judged as one run): dates while they
+    # tell the runs apart, else full logical dates (several runs a day).
+    dates = [run.logical_date.date().isoformat() for run in found]
+    unique = len(set(dates)) == len(dates)
+    return [replace(run, label=day if unique else run.logical_date.isoformat()) for run, day in zip(found, dates,
+                                                                                                      strict=True)]
 
 
 def sample(dags: Sequence[DAG], *, date: dt.datetime, next_date: dt.datetime | None, model: Model,
@@ -143,21 +150,36 @@ def sample(dags: Sequence[DAG], *, date: dt.datetime, next_date: dt.datetime | N
         except Exception as exc:  # a custom timetable that fails, dates it refuses
             unknown.append(UnknownTask(TaskRef(dag.dag_id, "*"), f"its runs could not be sampled: {_error_text(exc)}"))
             continue
+        try:
+            found_planned, found_unknown = _sample_dag(dag, sampled, model, pools, pool_slots, max_mapped)
+        except Exception as exc:  # a defect here must not pass the DAG, nor stop the others
+            unknown.append(UnknownTask(TaskRef(dag.dag_id, "*"), f"the DAG could not be checked: {_error_text(exc)}"))
+            continue
         notes += [note] if note else []
         labels += [run.label for run in sampled if run.label not in labels]
-        for task in dag.tasks:
-            if not _is_delta_task(task):
-                continue
-            facts = _scheduling(dag, task, pool_slots)
-            for run in sampled:
-                for found in _instances(dag, task, run, max_mapped):
-                    if isinstance(found, UnknownTask):
-                        unknown.append(found)
-                        continue
-                    ref, rendered = found
-                    result = _plan(ref, rendered, facts, model, pools)
-                    (unknown if isinstance(result, UnknownTask) else planned).append(result)  # type: ignore[arg-type]
+        planned += found_planned
+        unknown += found_unknown
     return Sampled(tuple(planned), tuple(unknown), tuple(labels), tuple(notes))
+
+
+def _sample_dag(dag: DAG, runs: Sequence[SampleRun], model: Model, pools: PoolConfig | None,
+                pool_slots: Mapping[str, int], max_mapped: int) -> tuple[list[PlannedTask], list[UnknownTask]]:
+    planned: list[PlannedTask] = []
+    unknown: list[UnknownTask] = []
+    ordered = ordered_upstreams(dag)
+    for task in dag.tasks:
+        if not _is_delta_task(task):
+            continue
+        facts = _scheduling(dag, task, pool_slots, ordered)
+        for run in runs:
+            for found in _instances(dag, task, run, max_mapped):
+                if isinstance(found, UnknownTask):
+                    unknown.append(found)
+                    continue
+                ref, rendered = found
+                result = _plan(ref, rendered, facts, model, pools)
+                (unknown if isinstance(result, UnknownTask) else planned).append(result)  # type: ignore[arg-type]
+    return planned, unknown
 
 
 def _is_delta_task(task: Any) -> bool:
@@ -166,40 +188,67 @@ def _is_delta_task(task: Any) -> bool:
     return issubclass(cls, DeltaBaseOperator)
 
 
-def _scheduling(dag: DAG, task: Any, pool_slots: Mapping[str, int]) -> Scheduling:
+def _scheduling(dag: DAG, task: Any, pool_slots: Mapping[str, int], ordered: Mapping[str, frozenset[str]]
+                ) -> Scheduling:
     pool = str(getattr(task, "pool", None) or "default_pool")
     return Scheduling(
-        upstream=ordered_upstream(task), airflow_pool=pool,
+        upstream=ordered.get(task.task_id, frozenset()), airflow_pool=pool,
         airflow_pool_slots=pool_slots.get(pool), max_active_tis_per_dag=getattr(task, "max_active_tis_per_dag", None),
         max_active_tis_per_dagrun=getattr(task, "max_active_tis_per_dagrun", None),
-        depends_on_past=bool(getattr(task, "depends_on_past", False)), dag_max_active_tasks=dag.max_active_tasks)
+        dag_max_active_tasks=dag.max_active_tasks)
 
 
-#: Trigger rules that start a task once *one* parent is done: what is upstream of only some parents may still run.
-_ONE_PARENT_RULES = frozenset({"one_success", "one_failed", "one_done"})
+#: Trigger rules under which a task runs only once every parent has succeeded (so each parent ran, after what it
+#: waits for): the task waits for its parents' lines as well. Under any other rule a parent may end skipped or
+#: upstream_failed without having run, while what is upstream of it still runs.
+_ALL_SUCCEEDED = frozenset({"all_success"})
+#: Rules that start a task once one parent is done (``one_success``: one parent succeeded, and ran).
+_ONE_PARENT = frozenset({"one_success", "one_failed", "one_done"})
 
 
-def ordered_upstream(task: Any, memo: dict[str, frozenset[str]] | None = None) -> frozenset[str]:
-    """The tasks certain to have ended before ``task`` starts in the same run.
+def ordered_upstreams(dag: DAG) -> dict[str, frozenset[str]]:
+    """For each task of ``dag``, the tasks certain to have ended before it starts in the same run.
 
-    Most trigger rules wait for every parent, so each parent and what it waits for count. ``always`` waits for
-    nothing. ``one_success``, ``one_failed`` and ``one_done`` start once one parent is done, so only what
-    every parent's line has in common counts (with one parent, that parent and what it waits for).
+    * ``all_success``: every parent succeeded, so each parent and what it waits for;
+    * ``one_success``: what every parent's line has in common (one succeeded, the others may still run);
+    * ``one_failed``, ``one_done``: the parents all of them are (with one parent, that parent);
+    * ``always``: nothing;
+    * every other rule (``all_done``, ``none_failed`` ...): the parents only, which end before it starts but
+      may end skipped or upstream_failed without having run, while their own parents still run.
+
+    Computed once per DAG in topological order (no recursion: deep DAGs are fine).
     """
-    memo = {} if memo is None else memo
-    if task.task_id in memo:
-        return memo[task.task_id]
-    memo[task.task_id] = frozenset()   # a cycle cannot be in a DAG; this only guards the recursion
-    lines = [frozenset({parent.task_id}) | ordered_upstream(parent, memo) for parent in task.upstream_list]
-    rule = str(getattr(task.trigger_rule, "value", task.trigger_rule))
-    if rule == "always" or not lines:
-        found: frozenset[str] = frozenset()
-    elif rule in _ONE_PARENT_RULES:
-        found = frozenset.intersection(*lines)
-    else:
-        found = frozenset.union(*lines)
-    memo[task.task_id] = found
+    tasks = {task.task_id: task for task in dag.tasks}
+    found: dict[str, frozenset[str]] = {}
+    pending = dict.fromkeys(tasks)
+    while pending:
+        progressed = False
+        for task_id in list(pending):
+            task = tasks[task_id]
+            parents = [p.task_id for p in task.upstream_list]
+            if any(p not in found for p in parents if p in tasks):
+                continue
+            found[task_id] = _ordered(task, parents, found)
+            del pending[task_id]
+            progressed = True
+        if not progressed:   # not a DAG (cannot happen once parsed): nothing is ordered
+            found.update(dict.fromkeys(pending, frozenset()))
+            break
     return found
+
+
+def _ordered(task: Any, parents: list[str], found: dict[str, frozenset[str]]) -> frozenset[str]:
+    rule = str(getattr(task.trigger_rule, "value", task.trigger_rule))
+    if rule == "always" or not parents:
+        return frozenset()
+    lines = [frozenset({p}) | found.get(p, frozenset()) for p in parents]
+    if rule in _ALL_SUCCEEDED:
+        return frozenset.union(*lines)
+    if rule == "one_success":
+        return frozenset.intersection(*lines)
+    if rule in _ONE_PARENT:
+        return frozenset.intersection(*(frozenset({p}) for p in parents))
+    return frozenset(parents)
 
 
 def _instances(dag: DAG, task: Any, run: SampleRun, max_mapped: int
@@ -260,7 +309,8 @@ def _render(dag: DAG, task: Any, run: SampleRun, map_index: int) -> DeltaBaseOpe
     # default) cannot be judged here.
     context["var"] = _Unavailable("a Variable")
     context["conn"] = _Unavailable("a connection")
-    copied.render_template_fields(context)
+    with _without_variables_or_connections():   # a macro that calls Variable.get or Connection.get
+        copied.render_template_fields(context)
     rendered = context["task"]
     if not isinstance(rendered, DeltaBaseOperator):
         raise TypeError(f"{task.task_id} rendered to a {type(rendered).__name__}")
@@ -290,6 +340,24 @@ def _plan(ref: TaskRef, task: DeltaBaseOperator, scheduling: Scheduling, model: 
         return UnknownTask(ref, _error_text(exc), str(task.table))
     return PlannedTask(ref, table, PlannedJob(footprint, TableState.of(prepared.snapshot)),
                        pool.model if pool is not None else model, task.conflict_pool, scheduling)
+
+
+@contextlib.contextmanager
+def _without_variables_or_connections() -> Iterator[None]:
+    """While templates render, the Task SDK's ``Variable.get`` and ``Connection.get`` fail (user macros call them)."""
+    from airflow.sdk import Connection, Variable
+
+    def refuse(what: str) -> Any:
+        def get(cls: Any, *args: Any, **kwargs: Any) -> Any:
+            raise LookupError(f"the template reads {what} ({args[0] if args else '?'}), which only the deployment has")
+        return classmethod(get)
+
+    saved = Variable.__dict__["get"], Connection.__dict__["get"]
+    Variable.get, Connection.get = refuse("a Variable"), refuse("a connection")  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Variable.get, Connection.get = saved  # type: ignore[method-assign]
 
 
 class _Unavailable:

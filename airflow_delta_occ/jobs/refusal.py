@@ -55,7 +55,7 @@ def point_into_arguments(message: str, arguments: object) -> str:
     in one of ``arguments``' strings, a caret under it there."""
     text = _POSITION.sub("", message).rstrip()
     parts = _unresolved_name(text)
-    if not parts:
+    if not parts or not all(part.strip() for part in parts):
         return text
     name = r"\s*\.\s*".join(rf"`?{re.escape(p)}`?" for p in parts)
     pattern = re.compile(rf"(?<![\w`.]){name}(?![\w`])", re.IGNORECASE)
@@ -67,5 +67,6 @@ def point_into_arguments(message: str, arguments: object) -> str:
         end = value.find("\n", found.start())
         line = value[start:] if end < 0 else value[start:end]
         prefix = f"  in {where}: "
-        return f"{text}\n{prefix}{line}\n{' ' * (len(prefix) + found.start() - start)}^"
+        column = len(value[start:found.start()].expandtabs())   # the caret under the name as a terminal shows it
+        return f"{text}\n{prefix}{line.expandtabs()}\n{' ' * (len(prefix) + column)}^"
     return text

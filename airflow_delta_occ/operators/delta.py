@@ -375,7 +375,11 @@ class DeltaBaseOperator(BaseOperator):
             raise
         except StatementRefusedError as exc:
             # Spark's position is in the statement the provider rendered: point into the author's own text.
-            raise StatementRefusedError(point_into_arguments(str(exc), self.arguments())) from exc
+            try:
+                pointed = point_into_arguments(str(exc), self.arguments())
+            except Exception:   # never hide Spark's refusal behind a defect of the pointer
+                raise exc from None
+            raise StatementRefusedError(pointed) from exc
         return replace(result, run_started_at=round(run_started_at, 3))
 
     def _raise_if_committed(self, prepared: PreparedJob, killed: JobKilledError) -> None:
@@ -515,7 +519,7 @@ class DeltaBaseOperator(BaseOperator):
             store.close()
         from airflow_delta_occ.triggers.lease import DeltaLeaseTrigger, settle_seconds
 
-        context["ti"].xcom_push(key=holding.WAIT_XCOM_KEY, value=holding.wait_record(pool.name, request.table, state))
+        holding.show_wait(context["ti"], holding.wait_record(pool.name, request.table, state), self.log)
         self.defer(trigger=DeltaLeaseTrigger(lease_conn_id=self.lease_conn_id, request_id=state.request_id,
                                              owner=owner, request=request.to_json(),
                                              poll_interval=self._poll_interval(deferred=True),

@@ -270,6 +270,15 @@ def describe_wait(state: LeaseState) -> str:
 WAIT_XCOM_KEY = "delta_occ_wait"
 
 
+def show_wait(ti: Any, record: dict[str, Any], log: Any) -> None:
+    """Push ``record`` as the task's ``WAIT_XCOM_KEY`` XCom. Never raises: the request is already in line, and a
+    failed push (the API server) must not fail the task and leave the request queued until its TTL."""
+    try:
+        ti.xcom_push(key=WAIT_XCOM_KEY, value=record)
+    except Exception as exc:
+        log.warning("could not show whom the task waits for (XCom %s): %s", WAIT_XCOM_KEY, exc)
+
+
 def wait_record(pool: str, table: str, state: LeaseState) -> dict[str, Any]:
     """What a task shows of its wait when it starts waiting: its request, since when (UTC), and each blocker
     with its reason. Live state is ``airflow delta-occ leases``'s to show; the grant's is in the result."""

@@ -209,7 +209,7 @@ class DeltaConflictSensor(BaseSensorOperator):
         timeout = timedelta(seconds=float(self.timeout)) if self.timeout is not None else None
         seen = holding.BlockersSeen()   # whom it waits for now: named at the grant even if gone by the first poll
         seen.update(state.blockers)
-        context["ti"].xcom_push(key=holding.WAIT_XCOM_KEY, value=holding.wait_record(pool.name, request.table, state))
+        holding.show_wait(context["ti"], holding.wait_record(pool.name, request.table, state), self.log)
         self.defer(trigger=DeltaLeaseTrigger(lease_conn_id=self.lease_conn_id, request_id=state.request_id,
                                              owner=owner, request=request.to_json(),
                                              poll_interval=float(self.poke_interval), settle=settle_seconds(),

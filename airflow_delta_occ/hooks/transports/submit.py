@@ -106,15 +106,18 @@ class SubmitTransport(JobTransport):
 
 
 def for_the_task_log(raw: str, log: logging.Logger | Any) -> bool:
-    """Whether a driver line goes on to ``SparkSubmitHook``, which logs every line at INFO. A stack trace's
-    lines (and log4j DEBUG lines) are logged here at DEBUG instead: a missing source made 84 Java stack lines
-    at INFO before the one line that says what is missing (issue #24). The levels are the embedded JVM's
-    (``spark.jvm_output.line_level``); what the hook parses (application ids, exit codes) is never a stack line."""
+    """Whether a driver line goes on to ``SparkSubmitHook``, which logs every line at INFO.
+
+    A stack trace's frames (``\tat ...``, ``... 12 more``) and log4j DEBUG lines are logged here at DEBUG
+    instead: a missing source made 84 Java stack lines at INFO before the one line that says what is missing
+    (issue #24). Its headline and its ``Caused by:`` lines stay. The levels are the embedded JVM's
+    (``spark.jvm_output.line_level``); what the hook parses (application ids, exit codes) is never a frame.
+    """
     from airflow_delta_occ.spark.jvm_output import line_level
 
     line = raw.rstrip("\r\n")
-    if line_level(line) > logging.DEBUG:
-        return True
+    if line_level(line) > logging.DEBUG or line.lstrip().startswith(("Caused by:", "Suppressed:")):
+        return True   # a cause often says what went wrong (a missing jar, a 403): kept with the headline
     log.debug("%s", line)
     return False
 

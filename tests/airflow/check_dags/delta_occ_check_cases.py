@@ -16,7 +16,11 @@ pool ``check`` for ``sales``.
   worth of the same partition (its instances conflict); ``same_day_limited`` likewise, one at a time.
 * ``check_daily``: scheduled daily, ``max_active_runs=1`` (a backfill's runs still overlap): ``day`` is
   confined to ``{{ ds }}`` (runs never meet), ``compact_events`` compacts the whole unpartitioned table (each
-  run's meets the others'). ``check_daily_in_order``: the same compaction with ``depends_on_past=True``.
+  run's meets the others'). ``check_daily_in_order``: the same compaction with ``depends_on_past=True`` (a
+  backfill's first run does not wait: still unprotected); ``check_daily_one_at_a_time``: with
+  ``max_active_tis_per_dag=1``. ``check_twice_a_day``: two runs a day.
+* ``check_failed_parent``: ``[validate, fix_de] >> purge_de >> cleanup`` (``all_done``): cleanup does not wait
+  for fix_de when validate fails.
 * ``check_unknowns``: what cannot be judged before a run: a task mapped over another task's output, a
   catalog table name, a table that does not exist, a template that reads a Variable (with a default), a
   templated table outside the task's conflict pool.
@@ -98,7 +102,28 @@ with _dag("check_daily", schedule="@daily"):
 with _dag("check_daily_in_order", schedule="@daily"):
     DeltaOptimizeOperator(task_id="compact_events", table=EVENTS, depends_on_past=True)
 
-with _dag("check_unknowns"):
+with _dag("check_daily_one_at_a_time", schedule="@daily"):
+    DeltaOptimizeOperator(task_id="compact_events", table=EVENTS, max_active_tis_per_dag=1)
+
+with _dag("check_twice_a_day", schedule="0 0,12 * * *"):
+    DeltaOptimizeOperator(task_id="compact_events", table=EVENTS)
+
+with _dag("check_failed_parent"):
+    validate = DeltaUpdateOperator(task_id="validate", table=SALES, partitions={"date": "{{ ds }}", "country": "FR"},
+                                   set={"amount": "amount"})
+    fix, purge = _pair()
+    [validate, fix] >> purge   # all_success: purge runs only once fix has succeeded
+    cleanup = DeltaDeleteOperator(task_id="cleanup", table=SALES, where="amount < 0", trigger_rule="all_done",
+                                  partitions={"date": "{{ ds }}", "country": "DE"})
+    purge >> cleanup           # all_done: purge may end upstream_failed (validate failed) while fix still runs
+
+def _lake_day() -> str:
+    from airflow.sdk import Variable
+
+    return str(Variable.get("delta_occ_check_day", default="2024-03-01"))
+
+
+with _dag("check_unknowns", user_defined_macros={"lake_day": _lake_day}):
     @task
     def days() -> list[dict[str, str]]:
         return [{"date": "2024-03-01", "country": "DE"}]
@@ -109,6 +134,8 @@ with _dag("check_unknowns"):
     DeltaOptimizeOperator(task_id="needs_a_variable", table=SALES,
                           partitions={"date": "{{ var.value.get('delta_occ_check_day', '2024-03-01') }}",
                                       "country": "DE"})
+    DeltaOptimizeOperator(task_id="variable_in_a_macro", table=SALES,
+                          partitions={"date": "{{ lake_day() }}", "country": "DE"})
     DeltaOptimizeOperator(task_id="outside_its_pool", table="{{ params.table }}", conflict_pool="check",
                           params={"table": EVENTS})
 

@@ -53,3 +53,11 @@ def test_a_multi_line_argument_shows_the_line_with_the_name() -> None:
     where, caret = message.splitlines()[1:]
     assert where == "  in set['v']:   THEN no_such_column"
     assert caret.index("^") == where.index("no_such_column")
+
+
+def test_tabs_and_empty_names_give_a_true_caret_or_none() -> None:
+    """Review: a tab before the name put the caret in the wrong column; an empty name pointed anywhere."""
+    where, caret = point_into_arguments(UNRESOLVED, _merge("t.id = s.id AND\ts.no_such_column > 0")).splitlines()[1:]
+    assert "\t" not in where and where[caret.index("^"):].startswith("s.no_such_column")
+    empty = "[UNRESOLVED_COLUMN] A column with name `` cannot be resolved. SQLSTATE: 42703"
+    assert point_into_arguments(empty, DeleteArguments(where="a = 1")) == empty

@@ -54,7 +54,7 @@ def _write_log(path: Path, fields: list[dict[str, Any]], partitions: list[str],
 
 
 @pytest.fixture(scope="module")
-def lake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def lake(tmp_path_factory: pytest.TempPathFactory, airflow_env: dict[str, str]) -> Iterator[dict[str, Any]]:
     root = tmp_path_factory.mktemp("check")
     _write_log(root / "sales", [_field("id", "long"), _field("amount", "double"), _field("date", "date"),
                                 _field("country", "string")], ["date", "country"],
@@ -68,14 +68,17 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         _write_table(e2e / name)
     (e2e / "pools.toml").write_text(f'[pools.e2e]\ntables = ["{(e2e / "pooled").as_uri()}"]\n'
                                     f'[pools.e2e_kill]\ntables = ["{(e2e / "kill").as_uri()}"]\n')
+    # Only while the DAGs are parsed (their pooled literal tables are checked then): the session's airflow_env,
+    # built from os.environ when first asked for, must not take this module's pool file (CI: the example DAGs
+    # then failed to import in test_example_dags.py).
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("DELTA_OCC_CHECK_ROOT", str(root))
         patch.setenv("AIRFLOW__DELTA_OCC__POOL_FILE", str(pools))
         from airflow.dag_processing.dagbag import DagBag
 
         bag = DagBag(dag_folder=str(CASES))
-        assert bag.import_errors == {}
-        yield {"root": root, "pools": pools, "dags": bag.dags, "e2e": e2e}
+    assert bag.import_errors == {}
+    yield {"root": root, "pools": pools, "dags": bag.dags, "e2e": e2e}
 
 
 def _check(lake: dict[str, Any], *dag_ids: str, **kwargs: Any) -> CheckReport:

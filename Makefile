@@ -15,10 +15,10 @@ $(STAMP): pyproject.toml
 
 ## Every tier: unit, spark (real local Spark + delta-spark), airflow (the Airflow CLI running example DAGs),
 ## postgres, then s3 (its own process: its Spark session carries the S3 connector), then lint, types and the
-## docs (the API reference and guides, warnings as errors).
+## docs (the API reference and guides, warnings as errors). Every test's duration lands in build/test-results/*.xml.
 test: setup
-	$(PY) -m pytest tests -m "not s3" --durations=25
-	$(PY) -m pytest tests -m s3 --durations=5
+	$(PY) -m pytest tests -m "not s3" --durations=40 --junitxml=build/test-results/main.xml
+	$(PY) -m pytest tests -m s3 --durations=5 --junitxml=build/test-results/s3.xml
 	$(MAKE) lint typecheck docs
 
 test-unit: setup

@@ -17,9 +17,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from airflow_delta_occ.spark.connect_server import STARTUP_SECONDS, launcher_env, local_connect_server
+from airflow_delta_occ.spark.connect_server import SMALL_LOCAL_CONF, STARTUP_SECONDS, launcher_env, local_connect_server
 
 BIN = Path(sys.executable).parent
+#: For JVMs that live seconds (a submitted job's driver and executor): the client compiler only. C2's
+#: compile threads compete with the job on two cores and pay off only in a JVM that runs for minutes.
+SHORT_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+#: A submitted application's settings for a few rows on two cores: one small executor, the shuffle and
+#: snapshot partitions of the embedded session (Spark's 200 and Delta's 50 tiny tasks cost a submitted
+#: job about 20 s on one executor core), no UI, and short-lived JVMs' options. Test settings, not the
+#: provider's: a platform's cluster has its own.
+SUBMITTED_SMALL: Mapping[str, str] = {
+    **SMALL_LOCAL_CONF, "spark.executor.memory": "1g", "spark.cores.max": "1", "spark.ui.enabled": "false",
+    "spark.driver.extraJavaOptions": SHORT_JVM_OPTIONS, "spark.executor.extraJavaOptions": SHORT_JVM_OPTIONS}
 
 
 def spark_env(logs: Path) -> dict[str, str]:
@@ -71,10 +81,12 @@ def spawn(args: list[str], env: Mapping[str, str], log: Path) -> subprocess.Pope
 
 @contextmanager
 def connect_server(logs: Path, confs: Mapping[str, str]) -> Iterator[dict[str, Any]]:
-    """A Spark Connect server (``local[2]``) with ``confs`` (delta-spark's, and any test LogStore): the
-    package's ``local_connect_server``, which ``make demo`` runs too.
+    """A Spark Connect server (``local[2]``) with ``confs`` (delta-spark's, and any test LogStore) over
+    ``SMALL_LOCAL_CONF``, as ``make demo`` starts it: the package's ``local_connect_server``. Without the
+    small partition counts a MERGE of three rows shuffles into Spark's 200 partitions and every snapshot
+    into Delta's 50, about 20 s of CPU per job on two cores (the Celery e2e's tasks took 40 to 160 s).
 
     Yields ``{"url": "sc://127.0.0.1:PORT", "ui": UI_PORT, "logs": logs}`` (``ui`` None with the UI off).
     """
-    with local_connect_server(logs, confs) as server:
+    with local_connect_server(logs, {**SMALL_LOCAL_CONF, **confs}) as server:
         yield {"url": server.url, "ui": server.ui_port, "logs": logs}

@@ -48,7 +48,7 @@ from airflow_delta_occ.hooks.delta import DeltaSparkHook
 from airflow_delta_occ.jobs.spec import JobSpec, MergeClause
 from airflow_delta_occ.operators.delta import DeltaMergeOperator
 
-from ..servers import get_json, spark_env
+from ..servers import SUBMITTED_SMALL, get_json, spark_env
 from .jobs import context, create_sales, merge_spec, rows, source
 
 REPO = Path(__file__).resolve().parents[2]
@@ -267,7 +267,7 @@ def test_spark_submit_kill_ends_the_driver_and_the_application(spark: Any, tmp_p
     ui = free_port()
     monkeypatch.setenv("AIRFLOW_CONN_DELTA_OCC_KILL", json.dumps({"conn_type": "delta_occ", "extra": {
         "mode": "spark-submit", "spark_conn_id": "spark_kill", "spark_conf": {
-            "spark.executor.memory": "1g", "spark.cores.max": "2", "spark.ui.port": str(ui)}}}))
+            **SUBMITTED_SMALL, "spark.cores.max": "2", "spark.ui.enabled": "true", "spark.ui.port": str(ui)}}}))
     run_id = f"kill-submit-{time.monotonic_ns()}"
     spec = slow(merge_spec(sales, src, "DE", run_id, {}))
     hook = DeltaSparkHook("delta_occ_kill")

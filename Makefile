@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml
 ## postgres, then s3 (its own process: its Spark session carries the S3 connector), then lint, types and the
 ## docs (the API reference and guides, warnings as errors). Every test's duration lands in build/test-results/*.xml.
 test: setup
+	rm -rf build/test-results
 	$(PY) -m pytest tests -m "not s3" --durations=40 --junitxml=build/test-results/main.xml
 	$(PY) -m pytest tests -m s3 --durations=5 --junitxml=build/test-results/s3.xml
 	$(MAKE) lint typecheck docs

@@ -15,21 +15,24 @@ import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from airflow_delta_occ.spark.connect_server import SMALL_LOCAL_CONF, STARTUP_SECONDS, launcher_env, local_connect_server
 
 BIN = Path(sys.executable).parent
-#: For JVMs that live seconds (a submitted job's driver and executor): the client compiler only. C2's
-#: compile threads compete with the job on two cores and pay off only in a JVM that runs for minutes.
+#: For JVMs that live seconds (a submitted job's driver and executor): the client compiler only, and the
+#: serial collector. C2's compiler threads and the parallel collector's threads compete with the job on two
+#: cores and pay off only in a JVM that runs for minutes (measured: a submitted refusal test, 61 -> 45 s).
 SHORT_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-#: A submitted application's settings for a few rows on two cores: one small executor, the shuffle and
-#: snapshot partitions of the embedded session (Spark's 200 and Delta's 50 tiny tasks cost a submitted
-#: job about 20 s on one executor core), no UI, and short-lived JVMs' options. Test settings, not the
-#: provider's: a platform's cluster has its own.
-SUBMITTED_SMALL: Mapping[str, str] = {
+#: A test's submitted application, for tables of a few rows on two cores: Delta's snapshot and Spark's
+#: shuffle partitions of the embedded session (50 and 200 tiny tasks cost a submitted job about 20 s on one
+#: executor core), one executor core on a standalone cluster (ignored by ``local[N]``), no UI, and the short
+#: JVMs' options. Test settings, not the provider's: a platform's cluster has its own. A test's own
+#: settings go after these.
+SMALL_SUBMIT_CONF: Mapping[str, str] = MappingProxyType({
     **SMALL_LOCAL_CONF, "spark.executor.memory": "1g", "spark.cores.max": "1", "spark.ui.enabled": "false",
-    "spark.driver.extraJavaOptions": SHORT_JVM_OPTIONS, "spark.executor.extraJavaOptions": SHORT_JVM_OPTIONS}
+    "spark.driver.extraJavaOptions": SHORT_JVM_OPTIONS, "spark.executor.extraJavaOptions": SHORT_JVM_OPTIONS})
 
 
 def spark_env(logs: Path) -> dict[str, str]:
@@ -83,8 +86,9 @@ def spawn(args: list[str], env: Mapping[str, str], log: Path) -> subprocess.Pope
 def connect_server(logs: Path, confs: Mapping[str, str]) -> Iterator[dict[str, Any]]:
     """A Spark Connect server (``local[2]``) with ``confs`` (delta-spark's, and any test LogStore) over
     ``SMALL_LOCAL_CONF``, as ``make demo`` starts it: the package's ``local_connect_server``. Without the
-    small partition counts a MERGE of three rows shuffles into Spark's 200 partitions and every snapshot
-    into Delta's 50, about 20 s of CPU per job on two cores (the Celery e2e's tasks took 40 to 160 s).
+    small partition counts every job on a table of a few files runs dozens of tiny tasks (Delta's 50
+    snapshot partitions, Spark's 200 shuffle partitions): the Celery e2e test took 737 s with those and
+    457 s with 2 of each, here (one run each).
 
     Yields ``{"url": "sc://127.0.0.1:PORT", "ui": UI_PORT, "logs": logs}`` (``ui`` None with the UI off).
     """

@@ -16,7 +16,7 @@ from airflow_delta_occ.operators.delta import DeltaMergeOperator
 from airflow_delta_occ.spark.session import delta_submit_conf
 from airflow_delta_occ.spark.storage import connector_packages
 
-from ..servers import SUBMITTED_SMALL, connect_server, spark_env
+from ..servers import SMALL_SUBMIT_CONF, connect_server, spark_env
 from ..spark.jobs import context, create_sales, rows
 
 
@@ -49,7 +49,7 @@ def test_merge_on_s3_in_a_remote_mode(mode: str, s3_spark: Any, s3_connection: s
         for key, value in spark_env(tmp_path).items():
             monkeypatch.setenv(key, value)
         monkeypatch.setenv("AIRFLOW_CONN_SPARK_S3", json.dumps({"conn_type": "spark", "host": "local[2]"}))
-        extra: dict[str, Any] = {"mode": mode, "spark_conn_id": "spark_s3", "spark_conf": dict(SUBMITTED_SMALL)}
+        extra: dict[str, Any] = {"mode": mode, "spark_conn_id": "spark_s3", "spark_conf": dict(SMALL_SUBMIT_CONF)}
         # Its own driver: the default S3 LogStore could lose commits; this test is the only writer.
         monkeypatch.setenv("AIRFLOW__DELTA_OCC__UNSAFE_S3_COMMITS", "warn")
         commands = _record_spark_submit_commands(monkeypatch)

@@ -35,7 +35,7 @@ from airflow_delta_occ.jobs.spec import JobSpec
 from airflow_delta_occ.spark.runner import RESULT_PREFIX
 from airflow_delta_occ.spark.session import CONNECT_MODE_FLAG
 
-from ..servers import SUBMITTED_SMALL, get_json, spark_env
+from ..servers import SMALL_SUBMIT_CONF, get_json, spark_env
 from .differential.harness import gate_session_conf
 from .jobs import check_disjoint_merges, check_overlapping_merges, create_sales, merge_spec, race_merges, source
 
@@ -97,7 +97,7 @@ def _delta_conn(mode: str, request: pytest.FixtureRequest, monkeypatch: pytest.M
             {"conn_type": "spark", "host": "spark://127.0.0.1", "port": cluster["port"],
              "extra": {"deploy-mode": "client"}}))
         extra: dict[str, Any] = {"mode": "spark-submit", "spark_conn_id": "spark_race", "spark_conf": {
-            **gate_session_conf(), **SUBMITTED_SMALL}}
+            **SMALL_SUBMIT_CONF, **gate_session_conf()}}
     elif mode == "connect":
         # Through the Spark provider's spark_connect connection, as a platform team would set it up.
         port = request.getfixturevalue("connect_server")["url"].rsplit(":", 1)[1]
@@ -292,7 +292,7 @@ def test_spark_submit_table_name_is_looked_up_on_the_cluster(spark: Any, request
     script.write_text(f"from pyspark.sql import SparkSession\nspark = SparkSession.builder.getOrCreate()\n"
                       f"spark.sql({create!r})\nspark.stop()\n")
     SparkSubmitHook(conn_id=conn["extra"]["spark_conn_id"], name="register-table", conf={
-        **delta_submit_conf(), **metastore, **SUBMITTED_SMALL}).submit(str(script))
+        **delta_submit_conf(), **SMALL_SUBMIT_CONF, **metastore}).submit(str(script))
     assert not spark.catalog.tableExists("default.only_on_the_cluster")  # this process's catalog
     hook = DeltaSparkHook(conn_id)
     assert hook.table_location("default.only_on_the_cluster").rstrip("/").endswith(str(location))

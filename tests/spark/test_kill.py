@@ -48,13 +48,14 @@ from airflow_delta_occ.hooks.delta import DeltaSparkHook
 from airflow_delta_occ.jobs.spec import JobSpec, MergeClause
 from airflow_delta_occ.operators.delta import DeltaMergeOperator
 
-from ..servers import SUBMITTED_SMALL, get_json, spark_env
+from ..servers import SMALL_SUBMIT_CONF, get_json, spark_env
 from .jobs import context, create_sales, merge_spec, rows, source
 
 REPO = Path(__file__).resolve().parents[2]
 # Measured here: a row costs about 0.1 s of CPU once the JIT is warm (1 s cold), so 40 rows took
 # about 2 s on two cores, and a faster CI machine finished the MERGE before the kill landed. 1000
-# rows keep it busy for about 50 s here: the kill always lands mid-MERGE.
+# rows keep it busy for about 50 s here: the kill always lands mid-MERGE. (Measured in the embedded
+# session; the spark-submit job's executor runs the client JIT only, SHORT_JVM_OPTIONS, so it is slower still.)
 SOURCE_ROWS = 1000
 REPORT = "KILL_TEST_REPORT "
 # What the JVM itself writes: log4j's console lines and Ivy's resolution.
@@ -267,7 +268,8 @@ def test_spark_submit_kill_ends_the_driver_and_the_application(spark: Any, tmp_p
     ui = free_port()
     monkeypatch.setenv("AIRFLOW_CONN_DELTA_OCC_KILL", json.dumps({"conn_type": "delta_occ", "extra": {
         "mode": "spark-submit", "spark_conn_id": "spark_kill", "spark_conf": {
-            **SUBMITTED_SMALL, "spark.cores.max": "2", "spark.ui.enabled": "true", "spark.ui.port": str(ui)}}}))
+            # Its own UI (the test watches the MERGE start there) and both cores, as before the small settings.
+            **SMALL_SUBMIT_CONF, "spark.cores.max": "2", "spark.ui.enabled": "true", "spark.ui.port": str(ui)}}}))
     run_id = f"kill-submit-{time.monotonic_ns()}"
     spec = slow(merge_spec(sales, src, "DE", run_id, {}))
     hook = DeltaSparkHook("delta_occ_kill")

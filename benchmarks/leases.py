@@ -111,18 +111,24 @@ class LoadSpec:
     pool_per_process: bool
 
 
-def load_worker(spec: LoadSpec, barrier: Any, out: Any) -> None:
-    """Process entry point: acquire -> release until the time is up; puts its figures (or ``"error"``) on ``out``."""
+def load_worker(spec: LoadSpec, barrier: Any, done: Any, out: Any) -> None:
+    """Process entry point: acquire -> release until the time is up; puts its figures (or ``"error"``) on ``out``.
+
+    Its store (and so its server process, on PostgreSQL) stays open until every worker has reported and the
+    parent has read the server's CPU counters (``done``): a server process that has exited takes its CPU
+    time with it, and the figures would leave out the server's share.
+    """
     try:
-        out.put(_load(spec, barrier))
+        _load(spec, barrier, done, out)
     except BaseException:
         import traceback
 
         barrier.abort()
+        done.abort()
         out.put({"error": traceback.format_exc()})
 
 
-def _load(spec: LoadSpec, barrier: Any) -> dict[str, Any]:
+def _load(spec: LoadSpec, barrier: Any, done: Any, out: Any) -> None:
     store = SqlLeaseStore(spec.url)
     snapshot = DeltaLog.for_table(spec.table).snapshot()
     pool = f"bench-{spec.index}" if spec.pool_per_process else "bench"
@@ -155,9 +161,10 @@ def _load(spec: LoadSpec, barrier: Any) -> dict[str, Any]:
         if not store.release(state.request_id, owner):
             raise RuntimeError(f"lease {state.request_id} was gone before its release")
     finished, cpu = time.monotonic(), time.process_time() - cpu
+    out.put({"immediate": immediate, "waits": waits, "started": started, "finished": finished, "cpu": cpu,
+             "writes": dict(store.writes)})
+    done.wait(timeout=300)
     store.close()
-    return {"immediate": immediate, "waits": waits, "started": started, "finished": finished, "cpu": cpu,
-            "writes": dict(store.writes)}
 
 
 @dataclass
@@ -188,6 +195,14 @@ class LoadResult:
         return (self.client_cpu + (self.server_cpu or 0.0)) / self.grants * 1000
 
     @property
+    def cpu_split(self) -> str:
+        """`` (clients a + server b)`` in ms per grant, when the server's share was measured (PostgreSQL)."""
+        if self.server_cpu is None:
+            return ""
+        return (f" ({self.client_cpu / self.grants * 1000:.1f} clients + "
+                f"{self.server_cpu / self.grants * 1000:.1f} server)")
+
+    @property
     def cpu_busy(self) -> float:
         """Share of the machine's cores the clients (and the server) kept busy during the load."""
         return (self.client_cpu + (self.server_cpu or 0.0)) / (self.wall * (os.cpu_count() or 1))
@@ -205,10 +220,10 @@ def run_load(url: str, table: str, *, processes: int, seconds: float, conflict_s
              pool_per_process: bool, store: str, workload: str, data_dir: Path | None) -> LoadResult:
     """Spawn the workers (each opens its own store: SQLAlchemy engines must not cross fork), start them together."""
     ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(processes + 1)
+    barrier, done = ctx.Barrier(processes + 1), ctx.Barrier(processes + 1)
     out = ctx.Queue()
     workers = [ctx.Process(target=load_worker, args=(LoadSpec(url, table, i, seconds, conflict_share,
-                                                              pool_per_process), barrier, out))
+                                                              pool_per_process), barrier, done, out))
                for i in range(processes)]
     SqlLeaseStore(url).close()  # the schema exists before the workers race to create it
     for worker in workers:
@@ -224,8 +239,10 @@ def run_load(url: str, table: str, *, processes: int, seconds: float, conflict_s
             results.append(out.get(timeout=seconds + 300))
             if "error" in results[-1]:
                 raise RuntimeError(f"a worker failed:\n{results[-1]['error']}")
-        server_after = server_cpu(data_dir)
+        server_after = server_cpu(data_dir)   # before the workers close their connections (``load_worker``)
+        done.wait(timeout=300)
     finally:
+        done.abort()   # a failed run: no worker waits for the parent's reading any longer
         for worker in workers:
             worker.join(timeout=30)
             if worker.is_alive():
@@ -257,7 +274,7 @@ class Meter:
 def statement_label(statement: str) -> str:
     """``conditional write``, ``SELECT pools FOR UPDATE``, ``INSERT audit``...: the verb and the store's table a
     statement touches."""
-    if statement.lstrip().startswith("WITH bump"):
+    if statement.lstrip().startswith("WITH bump") or "delta_occ_lease_write_" in statement.split("(", 1)[0]:
         return "conditional write"
     words = statement.split()
     tables = re.findall(r"delta_occ_(?:lease_)?(\w+)", statement)
@@ -443,7 +460,8 @@ def load_row(r: LoadResult) -> str:
     wait_p50 = f"{quantile(waits, 0.5):.1f}" if waits else "-"
     return (f"| {r.store} | {r.workload} | {r.grants:,} | {r.per_second:,.0f} | {len(r.immediate):,} | "
             f"{quantile(ms, 0.5):.1f} | {quantile(ms, 0.99):.1f} | {max(ms, default=float('nan')):.1f} | "
-            f"{len(r.waits):,} | {wait_p50} | {r.cpu_per_grant_ms:.1f} | {r.cpu_busy:.0%} | {r.missed_share} |")
+            f"{len(r.waits):,} | {wait_p50} | {r.cpu_per_grant_ms:.1f}{r.cpu_split} | {r.cpu_busy:.0%} | "
+            f"{r.missed_share} |")
 
 
 def profile_rows(p: Profile) -> list[str]:

@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 
 from airflow_delta_occ.exceptions import LeaseLostError, LeaseStoreError
-from airflow_delta_occ.pools.leases import sql
+from airflow_delta_occ.pools.leases import pg_statements, sql
 from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
 from airflow_delta_occ.pools.requests import AuditKind, LeaseStatus
 
@@ -35,10 +35,14 @@ def stores(postgres_url: str) -> Iterator[tuple[SqlLeaseStore, SqlLeaseStore]]:
 
 
 def statements(store: SqlLeaseStore) -> list[str]:
-    """Every statement ``store`` sends from now on (each is one round trip)."""
+    """Every statement ``store`` sends from now on (each is one round trip): its first word, and the write
+    function's name for a call of it."""
     sent: list[str] = []
-    sa.event.listen(store.engine, "before_cursor_execute",
-                    lambda _conn, _cursor, statement, *_: sent.append(statement.strip().split()[0]))
+
+    def note(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+        head = statement.strip().split("(", 1)[0]
+        sent.append("CALL WRITE" if pg_statements.WRITE_FUNCTION in head else statement.strip().split()[0])
+    sa.event.listen(store.engine, "before_cursor_execute", note)
     return sent
 
 
@@ -51,8 +55,26 @@ def test_acquire_and_release_are_one_round_trip_each(stores: tuple[SqlLeaseStore
         state = store.acquire(request_for(f"w{i}", "UPDATE", "country = 'DE'"))
         assert state.granted
         assert store.release(state.request_id, f"w{i}")
-    assert sent == ["WITH"] * 6, sent
+    assert sent == ["CALL WRITE"] * 6, sent
     assert neighbour.granted and [r.owner for r in store.holders(pool="sales")] == ["neighbour"]
+
+
+def test_the_write_runs_through_one_function_of_the_database(stores: tuple[SqlLeaseStore, SqlLeaseStore],
+                                                             request_for: Request) -> None:
+    """Both stores found or made the same function (made once, under the schema lock), and a wait and its
+    grant go through it: the server keeps its statement's plan per connection instead of planning every write."""
+    one, other = stores
+    assert one.write_statement == other.write_statement == pg_statements.CALL_WRITE
+    with one.engine.connect() as conn:
+        names = conn.exec_driver_sql("SELECT proname FROM pg_proc WHERE proname LIKE 'delta_occ_lease_write_%%'")
+        assert [r.proname for r in names] == [pg_statements.WRITE_FUNCTION]
+    sent = statements(other)
+    held = one.acquire(request_for("a", "OPTIMIZE", None))
+    waiting = other.acquire(request_for("b", "UPDATE", "country = 'DE'"))
+    assert waiting.status is LeaseStatus.WAITING
+    assert one.release(held.request_id, "a")
+    assert other.poll(waiting.request_id, "b").granted
+    assert "CALL WRITE" in sent and "WITH" not in sent, sent
 
 
 def test_a_pool_others_write_is_read_before_each_decision_until_it_is_quiet_again(
@@ -64,7 +86,7 @@ def test_a_pool_others_write_is_read_before_each_decision_until_it_is_quiet_agai
     second = one.acquire(request_for("c", "UPDATE", "country = 'DE'"))  # misses, then decides on a fresh read
     assert one.release(second.request_id, "c")          # read first again; nobody else wrote in between
     assert one.release(first.request_id, "a")           # so this one decides on the pool it remembers
-    assert sent == ["WITH", "SELECT", "WITH", "SELECT", "WITH", "WITH"], sent
+    assert sent == ["CALL WRITE", "SELECT", "CALL WRITE", "SELECT", "CALL WRITE", "CALL WRITE"], sent
     assert [r.owner for r in other.records(pool="sales")] == ["b"]
     assert (one.writes["missed"], one.writes["locked"]) == (1, 0)
 
@@ -87,7 +109,7 @@ def test_a_write_that_misses_on_a_fresh_read_is_decided_under_the_lock(
     monkeypatch.setattr(mine, "_snapshot", read_then_another_write)
     sent = statements(mine)
     late = mine.acquire(request_for("d", "DELETE", "country = 'DE'"))
-    assert sent == ["WITH", "SELECT", "WITH", "BEGIN", "WITH"], sent
+    assert sent == ["CALL WRITE", "SELECT", "CALL WRITE", "BEGIN", "CALL WRITE"], sent
     assert late.status is LeaseStatus.WAITING and [b.owner for b in late.blockers] == ["c"]
     assert (mine.writes["missed"], mine.writes["locked"]) == (2, 1)
 
@@ -184,7 +206,7 @@ def test_a_host_clock_ahead_of_the_database_never_expires_a_lease_early(
     late = fast.acquire(request_for("b", "DELETE", "country = 'DE'"))
     # On the estimated time the holder had expired; the write missed on the database's clock instead, and the
     # request was decided again on a fresh read, on that clock: the holder is still there, it waits.
-    assert sent == ["WITH", "SELECT", "WITH"], sent
+    assert sent == ["CALL WRITE", "SELECT", "CALL WRITE"], sent
     assert late.status is LeaseStatus.WAITING
     assert other.renew(held.request_id, "holder").status is LeaseStatus.GRANTED
     with other.engine.connect() as conn:
@@ -237,7 +259,8 @@ def test_a_locked_operation_that_fails_leaves_no_transaction_behind(postgres_url
     options = {"connect_args": {"options": "-c lock_timeout=300"}, "pool_size": 1, "max_overflow": 0}
     with SqlLeaseStore(postgres_url) as other, SqlLeaseStore(postgres_url, engine_options=options) as store:
         other.acquire(request_for("first", "UPDATE", "country = 'FR'"))
-        with other.engine.begin() as blocking:   # another session holds the pool's row lock
+        with other.engine.connect().execution_options(isolation_level="READ COMMITTED") as blocking, \
+                blocking.begin():   # another session holds the pool's row lock (the store's own are autocommit)
             blocking.exec_driver_sql("SELECT 1 FROM delta_occ_lease_pools WHERE name = 'sales' FOR UPDATE")
             with pytest.raises(LeaseStoreError, match="lock timeout"):
                 store.acquire(request_for("late", "UPDATE", "country = 'DE'"))
@@ -286,7 +309,7 @@ def test_a_write_lands_when_only_other_tables_of_its_pool_moved(stores: tuple[Sq
     sent = statements(mine)
     late = mine.acquire(request_for("c", "DELETE", table_key="t3"))               # decided on the old view
     assert late.granted and other.granted
-    assert sent == ["WITH"], sent   # one round trip: no miss, no lock
+    assert sent == ["CALL WRITE"], sent   # one round trip: no miss, no lock
     assert (mine.writes["missed"], mine.writes["landed_moved"]) == (0, 1)
     # Arrival numbers stay unique and in landing order, and the next write of either process sees every row.
     seqs = [(r.owner, r.seq) for r in theirs.records(pool="sales")]
@@ -410,3 +433,33 @@ def test_hostile_table_keys_are_compared_as_text_in_the_per_table_check(
     assert mine.writes["missed"] == 1
     assert sorted(r.owner for r in theirs.records(pool="sales")) == ["a", "b", "by", "c"]
     assert bystander.granted and [r.table for r in theirs.records(pool="sales") if r.owner == "b"] == [hostile]
+
+
+def test_a_role_that_may_not_create_functions_writes_with_the_plain_statement(
+        postgres_url: str, request_for: Request, caplog: pytest.LogCaptureFixture) -> None:
+    """Tables an administrator made for a role that may only read and write them (PostgreSQL 15 gives no
+    role but the owner CREATE on ``public``): the store says why in the log and sends the statement itself,
+    with the same answers."""
+    with SqlLeaseStore(postgres_url) as admin, admin.engine.begin() as conn:
+        conn.exec_driver_sql(f"DROP FUNCTION {pg_statements.WRITE_FUNCTION}")
+        conn.exec_driver_sql("DROP ROLE IF EXISTS delta_occ_app")
+        conn.exec_driver_sql("CREATE ROLE delta_occ_app LOGIN")
+        conn.exec_driver_sql("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+        conn.exec_driver_sql("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO delta_occ_app")
+        conn.exec_driver_sql("GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO delta_occ_app")
+    app_url = sa.engine.make_url(postgres_url).set(username="delta_occ_app").render_as_string(hide_password=False)
+    try:
+        with SqlLeaseStore(app_url) as one, SqlLeaseStore(app_url) as other:
+            assert one.write_statement == pg_statements.WRITE
+            assert "cannot create its write function" in caplog.text and "permission denied" in caplog.text
+            sent = statements(other)
+            held = one.acquire(request_for("a", "OPTIMIZE", None))
+            waiting = other.acquire(request_for("b", "UPDATE", "country = 'DE'"))
+            assert waiting.status is LeaseStatus.WAITING
+            assert one.release(held.request_id, "a")
+            assert other.poll(waiting.request_id, "b").granted
+            assert "WITH" in sent and "CALL WRITE" not in sent, sent
+    finally:
+        with SqlLeaseStore(postgres_url) as admin, admin.engine.begin() as conn:
+            conn.exec_driver_sql("DROP OWNED BY delta_occ_app")
+            conn.exec_driver_sql("DROP ROLE delta_occ_app")

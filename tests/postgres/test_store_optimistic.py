@@ -463,3 +463,46 @@ def test_a_role_that_may_not_create_functions_writes_with_the_plain_statement(
         with SqlLeaseStore(postgres_url) as admin, admin.engine.begin() as conn:
             conn.exec_driver_sql("DROP OWNED BY delta_occ_app")
             conn.exec_driver_sql("DROP ROLE delta_occ_app")
+
+
+@pytest.mark.parametrize("optimistic", [True, False], ids=["optimistic", "locked"])
+def test_a_write_function_dropped_under_a_running_store_falls_back_to_the_statement(
+        stores: tuple[SqlLeaseStore, SqlLeaseStore], request_for: Request, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch, optimistic: bool) -> None:
+    """An administrator drops the function while processes use it: their next writes fail before anything
+    lands (the locked path's transaction is rolled back), so the operation is decided again with the plain
+    statement, and says so in the log."""
+    monkeypatch.setattr(sql, "OPTIMISTIC", optimistic)
+    one, other = stores
+    held = one.acquire(request_for("a", "UPDATE", "country = 'DE'"))
+    with other.engine.connect() as conn:
+        conn.exec_driver_sql(f"DROP FUNCTION {pg_statements.WRITE_FUNCTION}")
+    assert one.release(held.request_id, "a")
+    assert one.write_statement == pg_statements.WRITE
+    assert "write function" in caplog.text and "is gone" in caplog.text
+    assert other.acquire(request_for("b", "UPDATE", "country = 'DE'")).granted
+    assert other.write_statement == pg_statements.WRITE
+    assert [r.owner for r in one.holders(pool="sales")] == ["b"]
+
+
+def test_a_write_function_the_role_may_not_execute_is_not_used(postgres_url: str, request_for: Request,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """A hardened database revokes EXECUTE on functions from PUBLIC: a role that finds the function made by
+    another but may not run it sends the plain statement instead of failing every write."""
+    with SqlLeaseStore(postgres_url) as admin, admin.engine.connect() as conn:
+        conn.exec_driver_sql("DROP ROLE IF EXISTS delta_occ_other")
+        conn.exec_driver_sql("CREATE ROLE delta_occ_other LOGIN")
+        conn.exec_driver_sql(f"REVOKE EXECUTE ON FUNCTION {pg_statements.WRITE_FUNCTION} FROM PUBLIC")
+        conn.exec_driver_sql("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO delta_occ_other")
+        conn.exec_driver_sql("GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO delta_occ_other")
+    other_url = sa.engine.make_url(postgres_url).set(username="delta_occ_other").render_as_string(hide_password=False)
+    try:
+        with SqlLeaseStore(other_url) as store:
+            assert store.write_statement == pg_statements.WRITE
+            assert "may not execute" in caplog.text
+            state = store.acquire(request_for("a", "UPDATE", "country = 'DE'"))
+            assert state.granted and store.release(state.request_id, "a")
+    finally:
+        with SqlLeaseStore(postgres_url) as admin, admin.engine.connect() as conn:
+            conn.exec_driver_sql("DROP OWNED BY delta_occ_other")
+            conn.exec_driver_sql("DROP ROLE delta_occ_other")

@@ -201,5 +201,10 @@ WRITE_FUNCTION, CREATE_WRITE_FUNCTION, CALL_WRITE = _write_function()
 #: ``CALL_WRITE`` ending the locked path's transaction in the same round trip.
 CALL_WRITE_AND_COMMIT = f"{CALL_WRITE};\nCOMMIT"
 
-#: Whether the function exists where the store's unqualified names resolve (the ``search_path``).
-WRITE_FUNCTION_EXISTS = f"SELECT to_regproc('{WRITE_FUNCTION}') IS NOT NULL AS present"
+#: Whether the function exists where the store's unqualified names resolve (the ``search_path``), and whether
+#: this role may run it (a hardened database revokes EXECUTE on functions from PUBLIC).
+WRITE_FUNCTION_STATE = (f"SELECT to_regproc('{WRITE_FUNCTION}') IS NOT NULL AS present, "
+                        f"COALESCE(has_function_privilege(to_regproc('{WRITE_FUNCTION}'), 'EXECUTE'), false) AS usable")
+
+#: PostgreSQL's error code for a function that does not exist (``undefined_function``).
+UNDEFINED_FUNCTION = "42883"

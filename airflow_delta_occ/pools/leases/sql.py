@@ -182,6 +182,21 @@ class SqlLeaseStore(LeaseStore):
         """
         if self.dialect != "postgresql":
             return super()._transact(pool, body)
+        try:
+            return self._transact_on_postgres(pool, body)
+        except LeaseStoreError as exc:
+            if self.write_statement == pg_statements.WRITE or not _function_missing(exc):
+                raise
+        # The write function was dropped under this process: the statement failed before anything landed
+        # (a locked operation's transaction was rolled back), so the operation is decided again, sent as text.
+        log.warning("the lease store's write function %s is gone; this process sends the plain statement from "
+                    "now on", pg_statements.WRITE_FUNCTION)
+        self.write_statement, self._write_and_commit = pg_statements.WRITE, pg_statements.WRITE_AND_COMMIT
+        self._snapshots.pop(pool, None)
+        return self._transact_on_postgres(pool, body)
+
+    def _transact_on_postgres(self, pool: str, body: Callable[[PoolTransaction], _T]) -> _T:
+        """``_transact`` on PostgreSQL, with the write statement this process uses."""
         if OPTIMISTIC:
             snapshot = None if pool in self._busy else self._snapshots.get(pool)
             fresh = snapshot is None
@@ -552,8 +567,13 @@ def _ensure_write_function(conn: Connection) -> bool:
     functions where the store's tables live (they were made for it by an administrator) keeps the plain
     statement: the same write, parsed and planned on every call. Why is logged once per process.
     """
-    if conn.exec_driver_sql(pg_statements.WRITE_FUNCTION_EXISTS).scalar():
-        return True
+    state = conn.exec_driver_sql(pg_statements.WRITE_FUNCTION_STATE).one()
+    if state.present:
+        if not state.usable:
+            log.warning("the lease store may not execute its write function %s; it sends the plain statement, "
+                        "which the server parses and plans on every write (GRANT EXECUTE ON FUNCTION %s TO "
+                        "this role to use it)", pg_statements.WRITE_FUNCTION, pg_statements.WRITE_FUNCTION)
+        return bool(state.usable)
     try:
         with conn.begin_nested():
             conn.exec_driver_sql(pg_statements.CREATE_WRITE_FUNCTION)
@@ -563,6 +583,14 @@ def _ensure_write_function(conn: Connection) -> bool:
                     str(exc.orig).strip().splitlines()[0] if exc.orig is not None else exc)
         return False
     return True
+
+
+def _function_missing(exc: BaseException) -> bool:
+    """Whether ``exc`` (a ``LeaseStoreError``) comes from a statement that named a function the database
+    does not have."""
+    cause = exc.__cause__
+    orig = getattr(cause, "orig", None)
+    return isinstance(cause, DBAPIError) and getattr(orig, "pgcode", None) == pg_statements.UNDEFINED_FUNCTION
 
 
 def _add_missing_columns(conn: Connection, dialect: str) -> None:

@@ -71,7 +71,7 @@ from airflow_delta_occ.demo import airflow_env, standalone  # noqa: E402
 from airflow_delta_occ.demo.metadata import query, xcom  # noqa: E402
 from airflow_delta_occ.retry.classify import ConflictKind  # noqa: E402
 from airflow_delta_occ.spark.session import delta_submit_conf  # noqa: E402
-from tests.servers import connect_server  # noqa: E402
+from tests.servers import connect_server, partition_settings  # noqa: E402
 
 DAGS = HERE / "headline_dags"
 CHART = HERE.parent / "docs" / "headline.png"
@@ -381,9 +381,7 @@ def run_all(args: argparse.Namespace, work: Path) -> list[RunFigures]:
 
     results: list[RunFigures] = []
     (work / "spark").mkdir()
-    server_conf = {**delta_submit_conf(), "spark.driver.memory": args.server_memory,
-                   "spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false"}
-    with connect_server(work / "spark", server_conf) as server:
+    with connect_server(work / "spark", server_conf(args)) as server:
         spark = SparkSession.builder.remote(server["url"]).getOrCreate()
         with airflow(work, server["url"], args) as af:
 
@@ -591,11 +589,18 @@ def handover_table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def server_conf(args: argparse.Namespace) -> dict[str, str]:
+    """The Connect server's settings over ``tests.servers.connect_server``'s small ones."""
+    return {**delta_submit_conf(), "spark.driver.memory": args.server_memory,
+            "spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false"}
+
+
 def report(rows: list[dict[str, Any]], overhead: list[float], args: argparse.Namespace, wall: float) -> str:
     lines = [
         f"Run with {commands(args.argv)} on {machine()}; {args.date}; the whole run took {wall / 60:.0f} min.",
         "",
-        "Spark: one Connect server (`local[2]`, the machine's two cores) runs every job. Airflow: `airflow "
+        f"Spark: one Connect server (`local[2]`, the machine's two cores; {partition_settings(server_conf(args))}) "
+        "runs every job. Airflow: `airflow "
         f"standalone`, LocalExecutor, parallelism {args.parallelism}. Retries: naive and injection-only tasks "
         f"retries={args.retries}, retry_delay={args.retry_delay:.0f} s (set by the DAG author); provider tasks the "
         "provider's defaults (`[delta_occ] task_retries` = 2 at the task level, typed in-job retries). Each "

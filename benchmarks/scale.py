@@ -53,7 +53,7 @@ from airflow_delta_occ.spark.session import delta_submit_conf  # noqa: E402
 from tests.airflow import scale  # noqa: E402
 from tests.deployment import CeleryDeployment, descendants  # noqa: E402
 from tests.pg import PostgresServer  # noqa: E402
-from tests.servers import connect_server  # noqa: E402
+from tests.servers import connect_server, partition_settings  # noqa: E402
 from tests.spark.differential.harness import gate_session_conf  # noqa: E402
 
 TICKS = 100.0   # clock ticks per second of /proc/PID/stat (os.sysconf("SC_CLK_TCK") on Linux)
@@ -330,7 +330,8 @@ def render(args: argparse.Namespace, report: dict[str, Any]) -> str:
     lines = [f"Measured {time.strftime('%Y-%m-%d')} on {machine()}; `python benchmarks/scale.py "
              f"{' '.join(sys.argv[1:])}`. Deployment: CeleryExecutor, Redis broker, 2 hosts x (scheduler, triggerer, "
              f"Celery worker with {args.concurrency} slots), DAG processor, API server; metadata and lease store on "
-             f"two PostgreSQL servers; one Spark Connect server (`local[2]`) for every job; pool TTL {args.ttl:g} s "
+             f"two PostgreSQL servers; one Spark Connect server (`local[2]`, "
+             f"{partition_settings(gate_session_conf())}) for every job; pool TTL {args.ttl:g} s "
              f"(fault runs {args.fault_ttl:g} s), "
              f"heartbeat {args.heartbeat:g} s. Everything shares the machine's 2 cores.", ""]
     if dated := report.get(scale.DATED):

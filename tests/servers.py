@@ -94,3 +94,11 @@ def connect_server(logs: Path, confs: Mapping[str, str]) -> Iterator[dict[str, A
     """
     with local_connect_server(logs, {**SMALL_LOCAL_CONF, **confs}) as server:
         yield {"url": server.url, "ui": server.ui_port, "logs": logs}
+
+
+def partition_settings(confs: Mapping[str, str]) -> str:
+    """How ``connect_server(logs, confs)`` splits work, for a benchmark's report: its shuffle and Delta
+    snapshot partitions (the figures depend on them)."""
+    merged = {**SMALL_LOCAL_CONF, **confs}
+    return (f"shuffle partitions {merged['spark.sql.shuffle.partitions']}, "
+            f"Delta snapshot partitions {merged['spark.databricks.delta.snapshotPartitions']}")

@@ -250,8 +250,10 @@ def run_load(url: str, table: str, *, processes: int, seconds: float, conflict_s
                 raise RuntimeError(f"a worker failed:\n{results[-1]['error']}")
         server_after = server_cpu(data_dir)   # before the workers close their connections (``load_worker``)
         done.wait(timeout=300)
-    finally:
+    except BaseException:
         done.abort()   # a failed run: no worker waits for the parent's reading any longer
+        raise
+    finally:
         for worker in workers:
             worker.join(timeout=30)
             if worker.is_alive():
@@ -552,8 +554,6 @@ def main() -> None:
             versions = [v for _, _, _, v in backends]
             for name, url, data_dir, _ in backends:
                 profiles.append(profile(url, table, name, args.profile_ops))
-                scenarios = [("disjoint", 0.0, False), (f"mixed ({args.conflict_share:.0%} OPTIMIZE)",
-                                                         args.conflict_share, False)]
                 scenarios: list[tuple[str, float, bool, float | None]] = [
                     ("disjoint", 0.0, False, None),
                     (f"mixed ({args.conflict_share:.0%} OPTIMIZE)", args.conflict_share, False, None)]

@@ -64,7 +64,7 @@ def test_the_write_runs_through_one_function_of_the_database(stores: tuple[SqlLe
     """Both stores found or made the same function (made once, under the schema lock), and a wait and its
     grant go through it: the server keeps its statement's plan per connection instead of planning every write."""
     one, other = stores
-    assert one.write_statement == other.write_statement == pg_statements.CALL_WRITE
+    assert one.write_statement == other.write_statement == pg_statements.call_write("public")
     with one.engine.connect() as conn:
         names = conn.exec_driver_sql("SELECT proname FROM pg_proc WHERE proname LIKE 'delta_occ_lease_write_%%'")
         assert [r.proname for r in names] == [pg_statements.WRITE_FUNCTION]
@@ -232,6 +232,14 @@ class TestLockedFallback(contract_tests.TestPostgresStore):
     @pytest.fixture(autouse=True)
     def _no_optimism(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(sql, "OPTIMISTIC", False)
+
+
+class TestPlainStatement(contract_tests.TestPostgresStore):
+    """The whole contract with the write sent as text, as a store that may not use the write function does."""
+
+    @pytest.fixture(autouse=True)
+    def _no_function(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(sql, "_ensure_write_function", lambda _conn: None)
 
 
 def test_a_store_made_before_the_optimistic_writes_gains_their_column(postgres_url: str,
@@ -506,3 +514,43 @@ def test_a_write_function_the_role_may_not_execute_is_not_used(postgres_url: str
         with SqlLeaseStore(postgres_url) as admin, admin.engine.connect() as conn:
             conn.exec_driver_sql("DROP OWNED BY delta_occ_other")
             conn.exec_driver_sql("DROP ROLE delta_occ_other")
+
+
+def test_a_write_function_another_role_made_is_never_called(postgres_url: str, request_for: Request,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """Review: the function's name is known from the released source, so a role that may create functions in
+    the store's schema could make it first, with a body that writes nothing (or anything), and the store
+    would have run it with its own rights. A function of that name owned by another role is not called."""
+    with SqlLeaseStore(postgres_url) as admin, admin.engine.connect() as conn:
+        conn.exec_driver_sql(f"DROP FUNCTION {pg_statements.WRITE_FUNCTION}")
+        conn.exec_driver_sql("DROP ROLE IF EXISTS delta_occ_planter")
+        conn.exec_driver_sql("CREATE ROLE delta_occ_planter")
+        conn.exec_driver_sql("GRANT CREATE ON SCHEMA public TO delta_occ_planter")
+        conn.exec_driver_sql("SET ROLE delta_occ_planter")
+        planted = f"CREATE FUNCTION {pg_statements.WRITE_FUNCTION}{pg_statements.WRITE_FUNCTION_DEFINITION}"
+        conn.exec_driver_sql(planted.replace("RETURN QUERY", "RETURN QUERY SELECT 5::bigint, 0::numeric; RETURN; "
+                                                             "RETURN QUERY"))   # answers "landed", writes nothing
+        conn.exec_driver_sql("RESET ROLE")
+    try:
+        with SqlLeaseStore(postgres_url) as one, SqlLeaseStore(postgres_url) as other:
+            assert one.write_statement == pg_statements.WRITE
+            assert "another role made it" in caplog.text
+            held = one.acquire(request_for("a", "OPTIMIZE", None))
+            assert other.acquire(request_for("b", "UPDATE", "country = 'DE'")).status is LeaseStatus.WAITING
+            assert [r.owner for r in other.holders(pool="sales")] == ["a"]   # it landed for everybody
+            assert one.release(held.request_id, "a")
+    finally:
+        with SqlLeaseStore(postgres_url) as admin, admin.engine.connect() as conn:
+            conn.exec_driver_sql("DROP OWNED BY delta_occ_planter")
+            conn.exec_driver_sql("DROP ROLE delta_occ_planter")
+
+
+def test_engine_options_cannot_turn_autocommit_off(postgres_url: str, request_for: Request) -> None:
+    """Review: each write commits itself, so a connection that is not autocommit would report a write as
+    landed that its checkin then rolled back. Neither way of asking for another isolation level takes."""
+    for options in ({"isolation_level": "READ COMMITTED"},
+                    {"execution_options": {"isolation_level": "READ COMMITTED"}}):
+        with SqlLeaseStore(postgres_url, engine_options=options) as store, SqlLeaseStore(postgres_url) as other:
+            state = store.acquire(request_for("a", "UPDATE", "country = 'DE'"))
+            assert [r.request_id for r in other.holders(pool="sales")] == [state.request_id], options
+            assert store.release(state.request_id, "a") and other.holders(pool="sales") == []

@@ -137,7 +137,7 @@ WITH bump AS (
     WHERE EXISTS (SELECT FROM bump)
     ORDER BY v.n
 )
-SELECT (SELECT next_seq FROM bump) AS applied, extract(epoch FROM clock_timestamp()) AS db_now
+SELECT (SELECT next_seq FROM bump) AS applied, extract(epoch FROM clock_timestamp())::numeric AS db_now
 """
 
 #: ``WRITE`` ending the locked path's transaction in the same round trip.
@@ -157,7 +157,7 @@ SELECT FROM delta_occ_lease_pools WHERE name = %(pool)s FOR UPDATE;
 # Sent as text, ``WRITE`` is parsed and planned on every call: about 60% of its round trip on an idle server
 # (planning 0.6 ms and the parse of its ~10 kB of text, against 0.8 ms of execution, for one acquire), time the
 # server spends before the statement takes the pool row's lock but CPU every writer pays. A PL/pgSQL function
-# keeps its statements' plans for the session, so the same statement through ``CALL_WRITE`` is parsed once per
+# keeps its statements' plans for the session, so the same statement through ``call_write`` is parsed once per
 # connection and its plan kept (a generic plan: the plan never decides what the statement does). Named
 # statements (``PREPARE``) would do the same per connection but break behind a transaction-pooling PgBouncer;
 # a function lives in the database, so every connection finds it.
@@ -172,39 +172,66 @@ WRITE_PARAMETERS: Final = (
 )
 
 
-def _write_function() -> tuple[str, str, str]:
-    """The function's name, its ``CREATE`` statement and the call that runs ``WRITE`` through it.
+def _write_function() -> tuple[str, str, str, str]:
+    """The function's name, its body, the rest of its ``CREATE`` statement after the name, and the call's
+    arguments (``WRITE``'s parameters, cast to the declared types).
 
-    The name carries a digest of the statement, so a release that changes ``WRITE`` creates a new function
-    beside the old one: processes of both releases can run during a rolling upgrade, each calling the
-    statement it was written for, and no process ever replaces a function another one is running.
+    The name carries a digest of the whole definition, so a release that changes ``WRITE`` or the function
+    around it creates a new function beside the old one: processes of both releases can run during a rolling
+    upgrade, each calling the statement it was written for, and no process replaces one another is running.
+    ``db_now`` is cast to ``numeric`` in ``WRITE`` itself: ``extract`` gives ``double precision`` before
+    PostgreSQL 14, and ``RETURN QUERY`` does not cast to the declared result.
     """
     position = {name: n for n, (name, _) in enumerate(WRITE_PARAMETERS, start=1)}
     used = set(re.findall(r"%\((\w+)\)s", WRITE))
     if used != set(position):
         raise AssertionError(f"WRITE_PARAMETERS does not match WRITE's parameters: {sorted(used ^ set(position))}")
-    body = re.sub(r"%\((\w+)\)s", lambda m: f"${position[m.group(1)]}", WRITE)
-    types = ", ".join(kind for _, kind in WRITE_PARAMETERS)
-    name = "delta_occ_lease_write_" + hashlib.sha256(f"{types}\n{body}".encode()).hexdigest()[:12]
-    create = (f"CREATE FUNCTION {name}({types}) RETURNS TABLE (applied bigint, db_now numeric)\n"
-              f"LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $delta_occ$\n"
-              f"#variable_conflict use_column\nBEGIN\nRETURN QUERY {body};\nEND\n$delta_occ$")
-    call = (f"SELECT applied, db_now FROM {name}("
-            + ", ".join(f"%({param})s::{kind}" for param, kind in WRITE_PARAMETERS) + ")")
-    return name, create, call
+    body = ("\n#variable_conflict use_column\nBEGIN\nRETURN QUERY "
+            + re.sub(r"%\((\w+)\)s", lambda m: f"${position[m.group(1)]}", WRITE) + ";\nEND\n")
+    definition = (f"({', '.join(kind for _, kind in WRITE_PARAMETERS)}) RETURNS TABLE (applied bigint, db_now numeric)"
+                  f"\nLANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $delta_occ${body}$delta_occ$")
+    name = "delta_occ_lease_write_" + hashlib.sha256(definition.encode()).hexdigest()[:12]
+    arguments = ", ".join(f"%({param})s::{kind}" for param, kind in WRITE_PARAMETERS)
+    return name, body, definition, arguments
 
 
-#: The function's name, ``CREATE FUNCTION`` (made once per database, by ``SqlLeaseStore`` under its schema
-#: lock, when missing), and ``CALL_WRITE``: ``WRITE`` with the same parameters and answer, through it.
-WRITE_FUNCTION, CREATE_WRITE_FUNCTION, CALL_WRITE = _write_function()
+#: The function's name and body (its source as ``pg_proc.prosrc`` keeps it), what follows the name in its
+#: ``CREATE FUNCTION``, and the arguments of a call. ``SqlLeaseStore`` makes it once per database, in the
+#: schema of its tables, under its schema lock, and calls it by that schema (``call_write``).
+WRITE_FUNCTION, WRITE_FUNCTION_BODY, WRITE_FUNCTION_DEFINITION, _WRITE_ARGUMENTS = _write_function()
 
-#: ``CALL_WRITE`` ending the locked path's transaction in the same round trip.
-CALL_WRITE_AND_COMMIT = f"{CALL_WRITE};\nCOMMIT"
+#: The function as the store finds it in the schema of ``delta_occ_lease_pools`` (one row; the function's
+#: columns NULL when it is missing): the schema; whether its owner is this role or the tables' owner (a
+#: function of that name made by another role is never called: its name is known from the released source,
+#: and calling it would run someone else's SQL with this role's rights); whether its source is this
+#: release's; whether this role may run it (a hardened database revokes EXECUTE from PUBLIC).
+#: ``%(name)s``, ``%(body)s``.
+WRITE_FUNCTION_STATE = """
+SELECT n.nspname AS schema, p.oid IS NOT NULL AS present,
+       p.proowner IN (c.relowner, (SELECT oid FROM pg_roles WHERE rolname = current_user)) AS trusted,
+       p.prosrc = %(body)s AS same_body, has_function_privilege(p.oid, 'EXECUTE') AS usable
+FROM pg_class AS c
+JOIN pg_namespace AS n ON n.oid = c.relnamespace
+LEFT JOIN pg_proc AS p ON p.pronamespace = c.relnamespace AND p.proname = %(name)s
+WHERE c.oid = to_regclass('delta_occ_lease_pools')
+"""
 
-#: Whether the function exists where the store's unqualified names resolve (the ``search_path``), and whether
-#: this role may run it (a hardened database revokes EXECUTE on functions from PUBLIC).
-WRITE_FUNCTION_STATE = (f"SELECT to_regproc('{WRITE_FUNCTION}') IS NOT NULL AS present, "
-                        f"COALESCE(has_function_privilege(to_regproc('{WRITE_FUNCTION}'), 'EXECUTE'), false) AS usable")
 
-#: PostgreSQL's error code for a function that does not exist (``undefined_function``).
-UNDEFINED_FUNCTION = "42883"
+def qualified_write_function(schema: str) -> str:
+    """The function's name in ``schema``, quoted as an identifier."""
+    return '"{}"."{}"'.format(schema.replace('"', '""'), WRITE_FUNCTION)
+
+
+def create_write_function(schema: str) -> str:
+    """``CREATE FUNCTION`` for the function in ``schema`` (the schema of the store's tables)."""
+    return f"CREATE FUNCTION {qualified_write_function(schema)}{WRITE_FUNCTION_DEFINITION}"
+
+
+def call_write(schema: str) -> str:
+    """``WRITE`` through the function in ``schema``: the same parameters, the same one-row answer."""
+    return f"SELECT applied, db_now FROM {qualified_write_function(schema)}({_WRITE_ARGUMENTS})"
+
+
+#: PostgreSQL's error codes for a function that does not exist (``undefined_function``; also an operator that
+#: does not exist, so the message is checked too) and for one this role may not run (``insufficient_privilege``).
+UNDEFINED_FUNCTION, INSUFFICIENT_PRIVILEGE = "42883", "42501"

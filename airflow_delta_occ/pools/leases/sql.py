@@ -148,9 +148,9 @@ class SqlLeaseStore(LeaseStore):
                 conn.execute(sa.select(sa.func.pg_advisory_xact_lock(SCHEMA_LOCK_KEY)))
             metadata.create_all(conn)
             _add_missing_columns(conn, self.dialect)
-            if self.dialect == "postgresql" and _ensure_write_function(conn):
-                self.write_statement = pg_statements.CALL_WRITE
-                self._write_and_commit = pg_statements.CALL_WRITE_AND_COMMIT
+            call = _ensure_write_function(conn) if self.dialect == "postgresql" else None
+            if call is not None:
+                self.write_statement, self._write_and_commit = call, f"{call};\nCOMMIT"
 
     def close(self) -> None:
         self.engine.dispose()
@@ -185,12 +185,14 @@ class SqlLeaseStore(LeaseStore):
         try:
             return self._transact_on_postgres(pool, body)
         except LeaseStoreError as exc:
-            if self.write_statement == pg_statements.WRITE or not _function_missing(exc):
+            if self.write_statement == pg_statements.WRITE or not _write_function_refused(exc):
                 raise
-        # The write function was dropped under this process: the statement failed before anything landed
-        # (a locked operation's transaction was rolled back), so the operation is decided again, sent as text.
-        log.warning("the lease store's write function %s is gone; this process sends the plain statement from "
-                    "now on", pg_statements.WRITE_FUNCTION)
+            reason = _first_line(exc.__cause__)
+        # The write function was dropped, or this role's EXECUTE on it revoked, under this store: the call
+        # failed before anything ran (a locked operation's transaction was rolled back), so the operation is
+        # decided again, sent as text.
+        log.warning("the lease store's write function %s is gone or may no longer be run (%s); this store "
+                    "sends the plain statement from now on", pg_statements.WRITE_FUNCTION, reason)
         self.write_statement, self._write_and_commit = pg_statements.WRITE, pg_statements.WRITE_AND_COMMIT
         self._snapshots.pop(pool, None)
         return self._transact_on_postgres(pool, body)
@@ -560,37 +562,59 @@ _ADDED_COLUMNS = (("delta_occ_leases", "blocker", "TEXT"), ("delta_occ_lease_poo
                   ("delta_occ_lease_pools", "limited", "BOOLEAN"), ("delta_occ_lease_pools", "recent_tokens", "JSONB"))
 
 
-def _ensure_write_function(conn: Connection) -> bool:
-    """Make ``pg_statements``' write function if the database lacks it; whether the store can call it.
+def _ensure_write_function(conn: Connection) -> str | None:
+    """Make ``pg_statements``' write function if the database lacks it; the statement that calls it, or
+    ``None`` when this store must send the plain statement (the same write, parsed and planned every time).
 
-    Runs under the schema lock, so processes starting together make it once. A role that may not create
-    functions where the store's tables live (they were made for it by an administrator) keeps the plain
-    statement: the same write, parsed and planned on every call. Why is logged once per process.
+    Runs under the schema lock, so processes starting together make it once, in the schema of the store's
+    tables, and call it by that schema. A function of that name another role made, or with another body,
+    is never called: its name is known from the released source. Nor is one this role may not run; and a
+    role that may not create functions there (tables an administrator made for it) keeps the statement.
+    Why is logged each time a store opens.
     """
-    state = conn.exec_driver_sql(pg_statements.WRITE_FUNCTION_STATE).one()
+    state = conn.exec_driver_sql(pg_statements.WRITE_FUNCTION_STATE,
+                                 {"name": pg_statements.WRITE_FUNCTION,
+                                  "body": pg_statements.WRITE_FUNCTION_BODY}).one_or_none()
+    if state is None:   # the tables are not where this role's search_path finds them: nowhere to make it
+        log.warning("the lease store cannot find the schema of its tables; it sends the plain statement")
+        return None
+    name = pg_statements.qualified_write_function(state.schema)
     if state.present:
-        if not state.usable:
-            log.warning("the lease store may not execute its write function %s; it sends the plain statement, "
-                        "which the server parses and plans on every write (GRANT EXECUTE ON FUNCTION %s TO "
-                        "this role to use it)", pg_statements.WRITE_FUNCTION, pg_statements.WRITE_FUNCTION)
-        return bool(state.usable)
+        refusal = ("another role made it" if not state.trusted else
+                   "its source is not this release's" if not state.same_body else
+                   f"this role may not execute it (GRANT EXECUTE ON FUNCTION {name} to use it)"
+                   if not state.usable else None)
+        if refusal is not None:
+            log.warning("the lease store does not call the write function %s: %s; it sends the plain "
+                        "statement, which the server parses and plans on every write", name, refusal)
+            return None
+        return pg_statements.call_write(state.schema)
     try:
         with conn.begin_nested():
-            conn.exec_driver_sql(pg_statements.CREATE_WRITE_FUNCTION)
+            conn.exec_driver_sql(pg_statements.create_write_function(state.schema))
     except DBAPIError as exc:
         log.warning("the lease store cannot create its write function %s (%s); it sends the plain statement, "
-                    "which the server parses and plans on every write", pg_statements.WRITE_FUNCTION,
-                    str(exc.orig).strip().splitlines()[0] if exc.orig is not None else exc)
-        return False
-    return True
+                    "which the server parses and plans on every write", name, _first_line(exc))
+        return None
+    return pg_statements.call_write(state.schema)
 
 
-def _function_missing(exc: BaseException) -> bool:
-    """Whether ``exc`` (a ``LeaseStoreError``) comes from a statement that named a function the database
-    does not have."""
+def _write_function_refused(exc: BaseException) -> bool:
+    """Whether ``exc`` (a ``LeaseStoreError``) comes from a call of the write function that the database
+    refused before running it: the function does not exist, or this role may not execute it."""
     cause = exc.__cause__
     orig = getattr(cause, "orig", None)
-    return isinstance(cause, DBAPIError) and getattr(orig, "pgcode", None) == pg_statements.UNDEFINED_FUNCTION
+    code = getattr(orig, "pgcode", None)
+    message = getattr(getattr(orig, "diag", None), "message_primary", None) or ""
+    return (isinstance(cause, DBAPIError) and code in (pg_statements.UNDEFINED_FUNCTION,
+                                                       pg_statements.INSUFFICIENT_PRIVILEGE)
+            and pg_statements.WRITE_FUNCTION in message)
+
+
+def _first_line(exc: BaseException | None) -> str:
+    """The first line of a database error's message (the driver's, without SQLAlchemy's statement dump)."""
+    text = str(getattr(exc, "orig", None) or exc or "").strip()
+    return (text.splitlines() or [""])[0]
 
 
 def _add_missing_columns(conn: Connection, dialect: str) -> None:
@@ -849,8 +873,10 @@ def _engine(url: str, options: dict[str, Any]) -> Engine:
     # connection to autocommit at every checkout, and back at every checkin, cost two driver calls per
     # operation (0.2 ms of CPU alone, under load about 1.5 ms of wall time). Not left to ``options``: the
     # writes' atomicity depends on it.
+    execution = {k: v for k, v in options.get("execution_options", {}).items() if k != "isolation_level"}
     engine = sa.create_engine(parsed, **{"pool_size": 2, "max_overflow": 4, "pool_recycle": 1800, **batched,
-                                         **options, "isolation_level": "AUTOCOMMIT"})
+                                         **options, "execution_options": execution,
+                                         "isolation_level": "AUTOCOMMIT"})
     sa.event.listen(engine, "checkin", _note_checkin)
     sa.event.listen(engine, "checkout", _ping_if_idle)
     return engine

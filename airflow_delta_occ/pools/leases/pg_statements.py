@@ -171,6 +171,9 @@ WRITE_PARAMETERS: Final = (
     ("events", "text"),
 )
 
+#: The function's argument types, as ``CREATE FUNCTION`` and ``to_regprocedure`` spell them.
+WRITE_FUNCTION_TYPES: Final = ", ".join(kind for _, kind in WRITE_PARAMETERS)
+
 
 def _write_function() -> tuple[str, str, str, str]:
     """The function's name, its body, the rest of its ``CREATE`` statement after the name, and the call's
@@ -188,7 +191,7 @@ def _write_function() -> tuple[str, str, str, str]:
         raise AssertionError(f"WRITE_PARAMETERS does not match WRITE's parameters: {sorted(used ^ set(position))}")
     body = ("\n#variable_conflict use_column\nBEGIN\nRETURN QUERY "
             + re.sub(r"%\((\w+)\)s", lambda m: f"${position[m.group(1)]}", WRITE) + ";\nEND\n")
-    definition = (f"({', '.join(kind for _, kind in WRITE_PARAMETERS)}) RETURNS TABLE (applied bigint, db_now numeric)"
+    definition = (f"({WRITE_FUNCTION_TYPES}) RETURNS TABLE (applied bigint, db_now numeric)"
                   f"\nLANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $delta_occ${body}$delta_occ$")
     name = "delta_occ_lease_write_" + hashlib.sha256(definition.encode()).hexdigest()[:12]
     arguments = ", ".join(f"%({param})s::{kind}" for param, kind in WRITE_PARAMETERS)
@@ -205,14 +208,16 @@ WRITE_FUNCTION, WRITE_FUNCTION_BODY, WRITE_FUNCTION_DEFINITION, _WRITE_ARGUMENTS
 #: function of that name made by another role is never called: its name is known from the released source,
 #: and calling it would run someone else's SQL with this role's rights); whether its source is this
 #: release's; whether this role may run it (a hardened database revokes EXECUTE from PUBLIC).
-#: ``%(name)s``, ``%(body)s``.
+#: ``%(name)s``, ``%(types)s`` (the argument types, so that a function of that name with other arguments, which
+#: the call never picks, is not confused with it), ``%(body)s``.
 WRITE_FUNCTION_STATE = """
 SELECT n.nspname AS schema, p.oid IS NOT NULL AS present,
        p.proowner IN (c.relowner, (SELECT oid FROM pg_roles WHERE rolname = current_user)) AS trusted,
        p.prosrc = %(body)s AS same_body, has_function_privilege(p.oid, 'EXECUTE') AS usable
 FROM pg_class AS c
 JOIN pg_namespace AS n ON n.oid = c.relnamespace
-LEFT JOIN pg_proc AS p ON p.pronamespace = c.relnamespace AND p.proname = %(name)s
+LEFT JOIN pg_proc AS p
+    ON p.oid = to_regprocedure(quote_ident(n.nspname) || '.' || %(name)s || '(' || %(types)s || ')')
 WHERE c.oid = to_regclass('delta_occ_lease_pools')
 """
 

@@ -573,7 +573,7 @@ def _ensure_write_function(conn: Connection) -> str | None:
     Why is logged each time a store opens.
     """
     state = conn.exec_driver_sql(pg_statements.WRITE_FUNCTION_STATE,
-                                 {"name": pg_statements.WRITE_FUNCTION,
+                                 {"name": pg_statements.WRITE_FUNCTION, "types": pg_statements.WRITE_FUNCTION_TYPES,
                                   "body": pg_statements.WRITE_FUNCTION_BODY}).one_or_none()
     if state is None:   # the tables are not where this role's search_path finds them: nowhere to make it
         log.warning("the lease store cannot find the schema of its tables; it sends the plain statement")
@@ -873,7 +873,7 @@ def _engine(url: str, options: dict[str, Any]) -> Engine:
     # connection to autocommit at every checkout, and back at every checkin, cost two driver calls per
     # operation (0.2 ms of CPU alone, under load about 1.5 ms of wall time). Not left to ``options``: the
     # writes' atomicity depends on it.
-    execution = {k: v for k, v in options.get("execution_options", {}).items() if k != "isolation_level"}
+    execution = {k: v for k, v in (options.get("execution_options") or {}).items() if k != "isolation_level"}
     engine = sa.create_engine(parsed, **{"pool_size": 2, "max_overflow": 4, "pool_recycle": 1800, **batched,
                                          **options, "execution_options": execution,
                                          "isolation_level": "AUTOCOMMIT"})

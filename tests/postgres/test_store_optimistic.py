@@ -46,6 +46,18 @@ def statements(store: SqlLeaseStore) -> list[str]:
     return sent
 
 
+def wait_behind_and_get_granted(one: SqlLeaseStore, other: SqlLeaseStore, request_for: Request) -> list[str]:
+    """``other`` waits behind ``one``'s OPTIMIZE and is granted once it is released; the statements ``other``
+    sent meanwhile."""
+    sent = statements(other)
+    held = one.acquire(request_for("a", "OPTIMIZE", None))
+    waiting = other.acquire(request_for("b", "UPDATE", "country = 'DE'"))
+    assert waiting.status is LeaseStatus.WAITING
+    assert one.release(held.request_id, "a")
+    assert other.poll(waiting.request_id, "b").granted
+    return sent
+
+
 def test_acquire_and_release_are_one_round_trip_each(stores: tuple[SqlLeaseStore, SqlLeaseStore],
                                                      request_for: Request) -> None:
     store, _ = stores
@@ -68,12 +80,7 @@ def test_the_write_runs_through_one_function_of_the_database(stores: tuple[SqlLe
     with one.engine.connect() as conn:
         names = conn.exec_driver_sql("SELECT proname FROM pg_proc WHERE proname LIKE 'delta_occ_lease_write_%%'")
         assert [r.proname for r in names] == [pg_statements.WRITE_FUNCTION]
-    sent = statements(other)
-    held = one.acquire(request_for("a", "OPTIMIZE", None))
-    waiting = other.acquire(request_for("b", "UPDATE", "country = 'DE'"))
-    assert waiting.status is LeaseStatus.WAITING
-    assert one.release(held.request_id, "a")
-    assert other.poll(waiting.request_id, "b").granted
+    sent = wait_behind_and_get_granted(one, other, request_for)
     assert "CALL WRITE" in sent and "WITH" not in sent, sent
 
 
@@ -453,23 +460,14 @@ def test_a_role_that_may_not_create_functions_writes_with_the_plain_statement(
     role but the owner CREATE on ``public``): the store says why in the log and sends the statement itself,
     with the same answers."""
     try:
+        app_url = table_user(postgres_url, "delta_occ_app")   # opens a store: before the function is dropped
         with SqlLeaseStore(postgres_url) as admin, admin.engine.begin() as conn:
             conn.exec_driver_sql(f"DROP FUNCTION {pg_statements.WRITE_FUNCTION}")
-            conn.exec_driver_sql("DROP ROLE IF EXISTS delta_occ_app")
-            conn.exec_driver_sql("CREATE ROLE delta_occ_app LOGIN")
             conn.exec_driver_sql("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
-            conn.exec_driver_sql("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO delta_occ_app")
-            conn.exec_driver_sql("GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO delta_occ_app")
-        app_url = sa.engine.make_url(postgres_url).set(username="delta_occ_app").render_as_string(hide_password=False)
         with SqlLeaseStore(app_url) as one, SqlLeaseStore(app_url) as other:
             assert one.write_statement == pg_statements.WRITE
             assert "cannot create its write function" in caplog.text and "permission denied" in caplog.text
-            sent = statements(other)
-            held = one.acquire(request_for("a", "OPTIMIZE", None))
-            waiting = other.acquire(request_for("b", "UPDATE", "country = 'DE'"))
-            assert waiting.status is LeaseStatus.WAITING
-            assert one.release(held.request_id, "a")
-            assert other.poll(waiting.request_id, "b").granted
+            sent = wait_behind_and_get_granted(one, other, request_for)
             assert "WITH" in sent and "CALL WRITE" not in sent, sent
     finally:
         _drop_role(postgres_url, "delta_occ_app")
@@ -501,14 +499,8 @@ def test_a_write_function_the_role_may_not_execute_is_not_used(postgres_url: str
     another but may not run it sends the plain statement instead of failing every write."""
     try:
         with SqlLeaseStore(postgres_url) as admin, admin.engine.connect() as conn:
-            conn.exec_driver_sql("DROP ROLE IF EXISTS delta_occ_other")
-            conn.exec_driver_sql("CREATE ROLE delta_occ_other LOGIN")
             conn.exec_driver_sql(f"REVOKE EXECUTE ON FUNCTION {pg_statements.WRITE_FUNCTION} FROM PUBLIC")
-            conn.exec_driver_sql("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public "
-                                 "TO delta_occ_other")
-            conn.exec_driver_sql("GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO delta_occ_other")
-        other_url = (sa.engine.make_url(postgres_url).set(username="delta_occ_other")
-                     .render_as_string(hide_password=False))
+        other_url = table_user(postgres_url, "delta_occ_other")
         with SqlLeaseStore(other_url) as store:
             assert store.write_statement == pg_statements.WRITE
             assert "may not execute" in caplog.text
@@ -578,3 +570,13 @@ def _drop_role(postgres_url: str, role: str) -> None:
         if conn.exec_driver_sql("SELECT 1 FROM pg_roles WHERE rolname = %(r)s", {"r": role}).first():
             conn.exec_driver_sql(f"DROP OWNED BY {role}")
             conn.exec_driver_sql(f"DROP ROLE {role}")
+
+
+def table_user(postgres_url: str, role: str) -> str:
+    """A new login ``role`` that may read and write the store's tables and nothing more; its URL."""
+    with SqlLeaseStore(postgres_url) as admin, admin.engine.connect() as conn:
+        conn.exec_driver_sql(f"DROP ROLE IF EXISTS {role}")
+        conn.exec_driver_sql(f"CREATE ROLE {role} LOGIN")
+        conn.exec_driver_sql(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}")
+        conn.exec_driver_sql(f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {role}")
+    return sa.engine.make_url(postgres_url).set(username=role).render_as_string(hide_password=False)

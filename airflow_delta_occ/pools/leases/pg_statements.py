@@ -140,9 +140,6 @@ WITH bump AS (
 SELECT (SELECT next_seq FROM bump) AS applied, extract(epoch FROM clock_timestamp())::numeric AS db_now
 """
 
-#: ``WRITE`` ending the locked path's transaction in the same round trip.
-WRITE_AND_COMMIT = f"{WRITE};\nCOMMIT"
-
 #: Opens a transaction, takes the pool's row lock (a new pool's row is made first), then reads the pool: after
 #: the lock, so the read is current. One round trip (several statements in one message); the caller sends
 #: ``WRITE`` with ``COMMIT`` next, or ``ROLLBACK``. ``%(pool)s``, ``%(known)s``, ``%(known_token)s`` (as ``SNAPSHOT``).

@@ -142,7 +142,6 @@ class SqlLeaseStore(LeaseStore):
         #: PostgreSQL's conditional write as sent: through its server-side function (``pg_statements``), or
         #: as the plain statement where the function could not be made.
         self.write_statement = pg_statements.WRITE
-        self._write_and_commit = pg_statements.WRITE_AND_COMMIT
         with self._errors("create the lease tables"), self._transaction_block() as conn:
             if self.dialect == "postgresql":
                 conn.execute(sa.select(sa.func.pg_advisory_xact_lock(SCHEMA_LOCK_KEY)))
@@ -150,10 +149,15 @@ class SqlLeaseStore(LeaseStore):
             _add_missing_columns(conn, self.dialect)
             call = _ensure_write_function(conn) if self.dialect == "postgresql" else None
             if call is not None:
-                self.write_statement, self._write_and_commit = call, f"{call};\nCOMMIT"
+                self.write_statement = call
 
     def close(self) -> None:
         self.engine.dispose()
+
+    @property
+    def _write_and_commit(self) -> str:
+        """``write_statement`` ending the locked path's transaction in the same round trip."""
+        return f"{self.write_statement};\nCOMMIT"
 
     @contextmanager
     def _transaction_block(self) -> Iterator[Connection]:
@@ -193,7 +197,7 @@ class SqlLeaseStore(LeaseStore):
         # decided again, sent as text.
         log.warning("the lease store's write function %s is gone or may no longer be run (%s); this store "
                     "sends the plain statement from now on", pg_statements.WRITE_FUNCTION, reason)
-        self.write_statement, self._write_and_commit = pg_statements.WRITE, pg_statements.WRITE_AND_COMMIT
+        self.write_statement = pg_statements.WRITE
         self._snapshots.pop(pool, None)
         return self._transact_on_postgres(pool, body)
 

@@ -37,6 +37,7 @@ waits for.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import heapq
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -163,14 +164,22 @@ UNCOMPARED = "(earlier requests not compared)"   # the owner a blocker names whe
 
 
 class Explainer:
-    """Why waiting requests wait, in more detail than a decision keeps, for any number of requests of one
-    read of a pool (a batched poll answers many): every held lease a request conflicts with, then the
-    first earlier request it conflicts with. What a waiter's estimate needs (how long the leases it waits
-    for have left, and whether anybody waits before it). The pool's requests are indexed once.
+    """Why waiting requests wait, for any number of requests of one read of a pool (a batched poll answers
+    many); the pool's requests are indexed once.
+
+    A request with nobody ahead of it is explained by every held lease it conflicts with: what its estimate
+    needs (how long those leases have left). A request queued behind an earlier one it conflicts with is
+    explained by the held lease the pool's last decision found it waits for (``Remembered``; judged here only
+    when there is none) and by the nearest earlier request it conflicts with, the one it queues directly
+    behind. Why those two: they stay the same pairs while a line moves. A triggerer answers every waiter of
+    a pool each time the pool moves; when a lease passed down a line of a thousand, naming every held lease
+    and the first request in line judged a new pair for every waiter at every hand-over, in every triggerer.
+    Now only the new first in line is judged again (``benchmarks/trigger_notice.py``).
 
     At most ``EXPLAIN_AHEAD_LIMIT`` earlier requests its reach meets are compared; when none of them
-    conflicts and more are left, the answer says so with a blocker naming no request (its owner is
-    ``UNCOMPARED``), which leaves a waiter's estimate unknown rather than too short.
+    conflicts and more are left, the answer names the held leases it conflicts with and says the rest is
+    unknown with a blocker naming no request (its owner is ``UNCOMPARED``), which leaves a waiter's estimate
+    unknown rather than too short.
     """
 
     def __init__(self, holders: Sequence[Candidate], waiters: Sequence[Candidate], judge: PairJudge) -> None:
@@ -179,20 +188,21 @@ class Explainer:
         self._judge = judge
 
     def explain(self, request: Candidate) -> tuple[Blocker, ...]:
-        held = [b for other in self._holders.near(request)
-                if (b := _blocker(self._judge, request, other, granted=True)) is not None]
-        compared = 0
-        for other in self._waiters.near(request):
-            if other.seq >= request.seq:
-                break
+        unknown: tuple[Blocker, ...] = ()
+        for compared, other in enumerate(self._waiters.before(request)):
             if compared == EXPLAIN_AHEAD_LIMIT:   # one more is left: whether it conflicts is not known
-                return (*held, Blocker(f"more than {EXPLAIN_AHEAD_LIMIT} earlier requests may conflict; not all "
-                                       "were compared", owner=UNCOMPARED))
-            b = _blocker(self._judge, request, other, granted=False)
-            if b is not None:
-                return (*held, b)
-            compared += 1
-        return tuple(held)
+                unknown = (Blocker(f"more than {EXPLAIN_AHEAD_LIMIT} earlier requests may conflict; not all "
+                                   "were compared", owner=UNCOMPARED),)
+                break
+            ahead = _blocker(self._judge, request, other, granted=False)
+            if ahead is not None:
+                remembered = _still_held(request, self._holders)
+                return (*((remembered[1],) if remembered is not None else self._held(request)), ahead)
+        return (*self._held(request), *unknown)
+
+    def _held(self, request: Candidate) -> tuple[Blocker, ...]:
+        return tuple(b for other in self._holders.near(request)
+                     if (b := _blocker(self._judge, request, other, granted=True)) is not None)
 
 
 def _meets(a: Candidate, b: Candidate) -> bool:
@@ -280,6 +290,11 @@ class _Index:
         table = self._tables.get(request.table)
         return iter(()) if table is None else table.near(request)
 
+    def before(self, request: Candidate) -> Iterator[Candidate]:
+        """The requests of ``near`` that arrived before ``request``, the latest first."""
+        table = self._tables.get(request.table)
+        return iter(()) if table is None else table.before(request)
+
 
 class _TableIndex:
     """One table's requests: by value of each partition column, and the open ones (any partition)."""
@@ -317,19 +332,27 @@ class _TableIndex:
                 self.by_value[i].setdefault(value, []).append(candidate)
 
     def near(self, request: Candidate) -> Iterator[Candidate]:
+        yield from self._walk(request, latest_first=False)
+
+    def before(self, request: Candidate) -> Iterator[Candidate]:
+        yield from self._walk(request, latest_first=True)
+
+    def _walk(self, request: Candidate, *, latest_first: bool) -> Iterator[Candidate]:
+        """``near`` (every request the reach meets, earliest first), or ``before`` (those that arrived
+        before ``request``, latest first)."""
         for candidate in self.pending:   # filed when first asked: if every waiter waits for a held lease, never
             self._file(candidate)
         self.pending.clear()
         columns = _columns(request)
         kind = None if request.reach is None else (request.model, request.reach.layout)
-        if columns is None or self.kinds - {kind}:   # open, or another model or partitioning on the table
-            yield from (self.everyone if self.in_order else sorted(self.everyone, key=_arrival))
-            return
-        bounded = [(i, values) for i, values in enumerate(columns)
-                   if values is not None and None not in values and i < len(self.by_value)]
-        if not bounded:   # only open requests filed so far, or the request has NULL wherever it is bounded
-            yield from (c for c in (self.everyone if self.in_order else sorted(self.everyone, key=_arrival))
-                        if _meets(request, c))
+        bounded = [] if columns is None or self.kinds - {kind} else [   # [] : open, or another model or partitioning
+            (i, values) for i, values in enumerate(columns)
+            if values is not None and None not in values and i < len(self.by_value)]
+        if not bounded:   # every request of the table, those the reach meets (all, for an open request)
+            everyone = self.everyone if self.in_order else sorted(self.everyone, key=_arrival)
+            open_request = columns is None or bool(self.kinds - {kind})
+            yield from (c for c in _ordered(everyone, request.seq if latest_first else None)
+                        if open_request or _meets(request, c))
             return
         column, values = min(bounded, key=lambda iv: len(self.open_on[iv[0]]) + sum(
             len(self.by_value[iv[0]].get(v, ())) for v in iv[1]))
@@ -338,14 +361,26 @@ class _TableIndex:
             # Each list is in arrival order (filed in it): merged lazily, so a caller that stops at the first
             # conflict compares a few requests, not every one that shares the partition.
             seen: set[str] = set()
-            for candidate in heapq.merge(*sources, key=_arrival):
+            merged = heapq.merge(*(_ordered(source, request.seq if latest_first else None) for source in sources),
+                                 key=_arrival, reverse=latest_first)
+            for candidate in merged:
                 if candidate.request_id not in seen:
                     seen.add(candidate.request_id)
                     if _meets(request, candidate):
                         yield candidate
             return
         found = {c.request_id: c for source in sources for c in source}
-        yield from sorted((c for c in found.values() if _meets(request, c)), key=_arrival)
+        ordered = sorted((c for c in found.values() if _meets(request, c)), key=_arrival)
+        yield from _ordered(ordered, request.seq if latest_first else None)
+
+
+def _ordered(requests: Sequence[Candidate], before: int | None) -> Iterator[Candidate]:
+    """``requests`` (in arrival order) as they are, or, given ``before``, those that arrived before it,
+    the latest first (found by bisection: a walk back from a waiter deep in a long line starts where it is)."""
+    if before is None:
+        return iter(requests)
+    end = bisect.bisect_left(requests, before, key=_arrival)
+    return (requests[i] for i in range(end - 1, -1, -1))
 
 
 def _columns(candidate: Candidate) -> tuple[frozenset[object] | None, ...] | None:

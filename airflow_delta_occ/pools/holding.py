@@ -310,11 +310,16 @@ class BlockersSeen:
                                                "reason": reason[:MAX_REASON_LENGTH]}
 
     def update(self, blockers: Iterable[Blocker]) -> list[Blocker]:
-        """Record ``blockers``; returns them when they differ from the previous poll's (to log), else []."""
+        """Record ``blockers``; returns them when they differ from the previous poll's (to log), else [].
+
+        A request queued behind another is logged again only when the requests ahead of it change, not the
+        held lease named beside them: in a line that passes a lease down, the holder changes at every hand-over,
+        and every waiter in a triggerer logged a line each time (a thousand lines per hand-over)."""
         now = list(blockers)
         for b in now:
             self._add(b.request_id, b.owner, b.reason)
-        current = tuple((b.request_id, b.owner, b.reason) for b in now)
+        ahead = [b for b in now if not b.granted]
+        current = tuple((b.request_id, b.owner, b.reason) for b in (ahead or now))
         changed, self._current = current != self._current, current
         return now if changed else []
 

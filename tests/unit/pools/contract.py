@@ -320,15 +320,16 @@ class LeaseStoreContract:
         waiters = [store.acquire(request_for(f"w{i}", "UPDATE", f"country = '{('DE', 'FR', 'IT')[i % 3]}'"))
                    for i in range(12)]
         assert optimize.granted and not any(w.granted for w in waiters)
-        assert len(judged) <= 2 * 12, f"each waiter: the holder, then at most the first request ahead of it: {judged}"
+        assert len(judged) <= 2 * 12, f"each waiter: the holder, then at most the request ahead of it: {judged}"
         judged.clear()
         fresh = reopen(store)
         late = fresh.acquire(request_for("late", "UPDATE", "country = 'DE'"))
-        assert not late.granted and [b.owner for b in late.blockers] == ["optimize", "w0"]
+        # the lease it waits for, and the request it queues directly behind (the nearest earlier one on DE)
+        assert not late.granted and [b.owner for b in late.blockers] == ["optimize", "w9"]
         assert len(judged) <= 3, f"only the newcomer is judged, not the 12 waiters: {judged}"
         judged.clear()
         state = fresh.poll(waiters[7].request_id, "w7")
-        assert state.status is LeaseStatus.WAITING and [b.owner for b in state.blockers] == ["optimize", "w1"]
+        assert state.status is LeaseStatus.WAITING and [b.owner for b in state.blockers] == ["optimize", "w4"]
         assert len(judged) <= 2, f"a poll explains its own request only: {judged}"
 
     def test_the_held_lease_a_waiter_remembers_is_forgotten_once_released(
@@ -432,11 +433,34 @@ class LeaseStoreContract:
             request_for(f"w{i}", "UPDATE", f"country = '{('DE', 'FR', 'IT')[i % 3]}'") for i in range(300))]
         met = record_calls(monkeypatch, arbiter, "_meets")
         answers = store.poll_many(waits)
-        for i, (request_id, _) in enumerate(waits):   # the lease held, then the first request ahead on its country
+        for i, (request_id, _) in enumerate(waits):   # the lease held, then the request ahead on its country
             answer = answers[request_id]
             assert not isinstance(answer, Exception)
-            assert [b.owner for b in answer.blockers] == ["optimize", *([f"w{i % 3}"] if i >= 3 else [])]
+            assert [b.owner for b in answer.blockers] == ["optimize", *([f"w{i - 3}"] if i >= 3 else [])]
         assert len(met) <= 4 * len(waits), len(met)
+
+    def test_a_batched_poll_after_a_hand_over_judges_the_new_first_in_line_only(
+            self, store: LeaseStore, request_for: Request, reopen: Callable[[LeaseStore], LeaseStore],
+            judged: list[tuple[Any, ...]]) -> None:
+        """Issue #23: a triggerer answers all its waiters each time the pool moves. With a line of waiters that
+        all conflict, each answer named the holder and the first request in line, both new at every hand-over,
+        so every poll after one judged a new pair per waiter (a thousand, in each triggerer). The answers now
+        name the pairs that stay: the held lease the release's decision remembered, and the request directly ahead."""
+        holder = store.acquire(request_for("holder", "UPDATE", "country = 'DE'"))
+        waits = [(store.acquire(r).request_id, r) for r in (
+            request_for(f"w{i}", "UPDATE", f"country = 'DE' AND id > {i}") for i in range(60))]
+        store.poll_many(waits)   # the triggerer has answered its waiters once
+        judge = store.judge
+        reopen(store).release(holder.request_id, "holder")   # by the holder's own process: w0 is granted
+        store.judge = judge   # (the memory store's reopen replaces the judge of the one store it has)
+        judged.clear()
+        answers = store.poll_many(waits)
+        assert len(judged) <= 2, f"only the new first in line is judged: {len(judged)} pairs"
+        assert answers[waits[0][0]].granted   # type: ignore[union-attr]
+        for i, (request_id, _) in enumerate(waits[1:], start=1):
+            answer = answers[request_id]
+            assert not isinstance(answer, Exception)
+            assert [b.owner for b in answer.blockers] == ["w0", *([f"w{i - 1}"] if i >= 2 else [])], answer
 
     def test_renewing_many_waiters_at_once_walks_the_pool_a_few_times_not_once_per_waiter(
             self, clocked_store: LeaseStore, clock: Clock, request_for: Request,

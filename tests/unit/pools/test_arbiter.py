@@ -189,3 +189,22 @@ def test_an_explanation_says_when_it_did_not_compare_every_earlier_request(tmp_p
         assert len(blockers) == 1
     else:
         assert blockers[1].request_id is None and blockers[1].owner == UNCOMPARED
+
+
+@pytest.mark.parametrize("indexed", [True, False])
+def test_a_request_in_a_line_is_explained_by_the_one_directly_ahead_of_it(tmp_path: Path, indexed: bool) -> None:
+    """Issue #23: the explanation named the first request in line, a new pair for every waiter each time the
+    line moved; the request directly ahead stays the same. Partitioned requests (the index merges its
+    per-partition lists backwards) and requests of unknown reach (every request of the table) alike."""
+    snapshot = _table(tmp_path / "t", ["2024-01-01", "2024-01-02"])
+    held = _candidate(snapshot, 0, "OPTIMIZE", None, granted_at=0.0, indexed=indexed)
+    waiting = [_candidate(snapshot, i, "UPDATE", f"date = '2024-01-0{1 + i % 2}'", indexed=indexed)
+               for i in range(1, 9)]
+    explainer = Explainer([held], waiting, PairJudge())
+    for w in waiting:
+        named = [b.request_id for b in explainer.explain(w)]
+        same_date_ahead = [o.request_id for o in waiting if o.seq < w.seq and o.seq % 2 == w.seq % 2]
+        if same_date_ahead:   # behind somebody: the held lease (judged: nothing remembered), then the nearest
+            assert named == ["r0", same_date_ahead[-1]], (w.request_id, named)
+        else:                 # first in line on its date: every held lease it conflicts with
+            assert named == ["r0"], (w.request_id, named)

@@ -200,3 +200,19 @@ def test_a_blocker_first_seen_waiting_is_timed_from_its_grant(request_for: Reque
     assert later is not None and [b.owner for b in later.blockers] == ["second"] and later.blockers[0].granted
     assert wait.expected(store, later, estimate) == pytest.approx(4.0)   # 10 s typical, held 6 s already
     assert second.request_id == later.blockers[0].request_id
+
+
+def test_a_waiter_behind_another_logs_again_only_when_the_requests_ahead_change() -> None:
+    """Issue #23: in a line that passes a lease down, the held lease each waiter names changes at every
+    hand-over, and every waiter of a triggerer logged a line each time (a thousand per hand-over)."""
+    seen = holding.BlockersSeen()
+
+    def held(name: str) -> Blocker:
+        return Blocker(f"{name} holds", name, name, True)
+
+    ahead = Blocker("w1 is ahead", "w1", "w1", False)
+    assert seen.update([held("h1"), ahead]) == [held("h1"), ahead]   # first seen: logged
+    assert seen.update([held("h2"), ahead]) == []                    # a new holder, the same request ahead
+    assert seen.update([held("w1")]) == [held("w1")]                 # first in line now: logged
+    assert seen.update([held("w0")]) == [held("w0")]                 # first in line, a new holder: logged
+    assert [b["owner"] for b in seen.seen()] == ["h1", "w1", "h2", "w0"]   # everyone is still accounted for

@@ -21,7 +21,7 @@ from airflow_delta_occ.pools.leases import pg_statements, sql
 from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
 from airflow_delta_occ.pools.requests import AuditKind, LeaseStatus
 
-from ..unit.pools.contract import Clock, Request, request_for, table  # noqa: F401 - fixtures of the contract
+from ..unit.pools.contract import Clock, Request, record_calls, request_for, table  # noqa: F401 - fixtures of the contract
 from . import test_store_contract as contract_tests  # a module: its class is not collected twice here
 
 pytestmark = pytest.mark.postgres
@@ -176,6 +176,30 @@ def test_a_pool_read_brings_its_rows_only_when_they_moved_since_this_process_saw
     second = triggerer.poll(waiting[1].request_id, "w1")
     assert second.status is LeaseStatus.WAITING and [b.owner for b in second.blockers] == ["w0"]
     assert got == [8, 1], got
+
+
+def test_a_pool_read_again_decodes_only_the_rows_that_changed(stores: tuple[SqlLeaseStore, SqlLeaseStore],
+                                                              request_for: Request,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #23: a triggerer read a pool of a thousand waiters again each time it moved and decoded every row
+    again, a quarter of its CPU; a renewal changes one row. The rows it did not decode are the same objects,
+    and what it answers is what a fresh store answers."""
+    triggerer, worker = stores
+    holder = worker.acquire(request_for("holder", "UPDATE", "country = 'DE'"))
+    waiting = [worker.acquire(request_for(f"w{i}", "DELETE", f"country = 'DE' AND id = {i}")) for i in range(8)]
+    first = triggerer.poll(waiting[3].request_id, "w3")
+    before = {r.request_id: r for r in triggerer._snapshots["sales"].rows}
+    decoded = record_calls(monkeypatch, triggerer, "_row")
+    worker.renew(holder.request_id, "holder")   # the pool moves: one row changed
+    again = triggerer.poll(waiting[3].request_id, "w3")
+    assert len(decoded) == 1, decoded
+    after = {r.request_id: r for r in triggerer._snapshots["sales"].rows}
+    assert after.keys() == before.keys()
+    assert [rid for rid in after if after[rid] is not before[rid]] == [holder.request_id]
+    assert after[holder.request_id].record.expires_at > before[holder.request_id].record.expires_at
+    with SqlLeaseStore(triggerer.engine.url.render_as_string(hide_password=False)) as fresh:
+        assert again.status is first.status is fresh.poll(waiting[3].request_id, "w3").status is LeaseStatus.WAITING
+        assert again.blockers == fresh.poll(waiting[3].request_id, "w3").blockers
 
 
 def test_a_revision_written_again_by_another_write_is_read_in_full(

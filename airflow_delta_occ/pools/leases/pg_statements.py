@@ -48,6 +48,9 @@ _SELECTED = ", ".join(f"l.{name}" for name in ROW_COLUMNS)
 #: moves the revision; the token tells a revision written twice, by writes a failover lost and the ones after
 #: it). ``%(pool)s``, ``%(known)s`` (-1: none known), ``%(known_token)s``. A triggerer polling a thousand
 #: waiters of a pool nobody changed reads one short row.
+#: The columns before ``ROW_COLUMNS`` in each row of ``SNAPSHOT``: the pool's, the same in every row.
+SNAPSHOT_HEAD: Final = ("seen_seq", "seen_at", "seen_token", "db_now")
+
 SNAPSHOT = f"""
 SELECT p.next_seq AS seen_seq, p.changed_at AS seen_at, p.write_token AS seen_token,
        extract(epoch FROM clock_timestamp()) AS db_now, {_SELECTED}

@@ -167,14 +167,16 @@ class Explainer:
     """Why waiting requests wait, for any number of requests of one read of a pool (a batched poll answers
     many); the pool's requests are indexed once.
 
-    A request with nobody ahead of it is explained by every held lease it conflicts with: what its estimate
-    needs (how long those leases have left). A request queued behind an earlier one it conflicts with is
-    explained by the held lease the pool's last decision found it waits for (``Remembered``; judged here only
-    when there is none) and by the nearest earlier request it conflicts with, the one it queues directly
-    behind. Why those two: they stay the same pairs while a line moves. A triggerer answers every waiter of
-    a pool each time the pool moves; when a lease passed down a line of a thousand, naming every held lease
-    and the first request in line judged a new pair for every waiter at every hand-over, in every triggerer.
-    Now only the new first in line is judged again (``benchmarks/trigger_notice.py``).
+    A request is explained by every held lease it conflicts with (what its expected wait needs: the longest
+    time one of them has left), then by the nearest earlier request it conflicts with, the one it queues
+    directly behind. With ``every_held_lease=False`` (a batched poll's answers), a request queued behind
+    another names only the held lease the pool's last decision kept with it (``Remembered``; every held
+    lease when there is none). Why: a triggerer answers all its waiters each time the pool moves, and when a
+    lease passed down a line of a thousand, judging each waiter against the new holder (and, before, against
+    the new first in line) was a new pair per waiter at every hand-over, in every triggerer. The kept lease
+    and the request directly ahead are pairs already judged, so only the new first in line is judged again
+    (``benchmarks/trigger_notice.py``). A deferred waiter behind somebody is never near its grant
+    (``holding.grant_is_near``), so its estimate is not computed from such an answer.
 
     At most ``EXPLAIN_AHEAD_LIMIT`` earlier requests its reach meets are compared; when none of them
     conflicts and more are left, the answer names the held leases it conflicts with and says the rest is
@@ -182,10 +184,12 @@ class Explainer:
     unknown rather than too short.
     """
 
-    def __init__(self, holders: Sequence[Candidate], waiters: Sequence[Candidate], judge: PairJudge) -> None:
+    def __init__(self, holders: Sequence[Candidate], waiters: Sequence[Candidate], judge: PairJudge, *,
+                 every_held_lease: bool = True) -> None:
         self._holders = _Index(holders)
         self._waiters = _Index(waiters)
         self._judge = judge
+        self._every_held_lease = every_held_lease
 
     def explain(self, request: Candidate) -> tuple[Blocker, ...]:
         unknown: tuple[Blocker, ...] = ()
@@ -196,7 +200,7 @@ class Explainer:
                 break
             ahead = _blocker(self._judge, request, other, granted=False)
             if ahead is not None:
-                remembered = _still_held(request, self._holders)
+                remembered = None if self._every_held_lease else _still_held(request, self._holders)
                 return (*((remembered[1],) if remembered is not None else self._held(request)), ahead)
         return (*self._held(request), *unknown)
 

@@ -318,7 +318,7 @@ class BlockersSeen:
         now = list(blockers)
         for b in now:
             self._add(b.request_id, b.owner, b.reason)
-        ahead = [b for b in now if not b.granted]
+        ahead = [b for b in now if not b.granted and b.request_id is not None]   # not the writer limit
         current = tuple((b.request_id, b.owner, b.reason) for b in (ahead or now))
         changed, self._current = current != self._current, current
         return now if changed else []

@@ -252,7 +252,10 @@ class LeaseStore(ABC):
         renews and settles the others, so a thousand waiters of one pool cost about one query per poll
         interval, not a thousand. Each request gets its own answer: its state, or the error its own poll
         would have raised (``LeaseOwnershipError``; ``LeaseStoreError`` for every request of a pool the
-        store failed on). Requests that are gone are asked for again, one by one.
+        store failed on). Requests that are gone are asked for again, one by one. One difference in the
+        explanation: a request queued behind another names the held lease the last decision kept with it, not
+        every held lease it conflicts with (``arbiter.Explainer``, ``every_held_lease``), so that a lease
+        passed down a long line costs one new comparison per poll, not one per waiter.
         """
         answers: dict[str, LeaseState | LeaseError] = {}
         by_pool: dict[str, list[tuple[str, str]]] = {}
@@ -283,7 +286,7 @@ class LeaseStore(ABC):
         answers: dict[str, LeaseState | LeaseOwnershipError] = {}
         pending: list[tuple[str, str]] = []
         decided: list[Decision] = []   # one decision per read at most, shared by the quiet answers
-        explaining = _Explaining(read.rows, self.judge)
+        explaining = _Explaining(read.rows, self.judge, every_held_lease=False)
         for request_id, owner in items:
             try:
                 quiet = self._quiet_state(read, request_id, owner, decided, explaining)
@@ -307,7 +310,7 @@ class LeaseStore(ABC):
             answers.update(refusal.args[0])
             return answers
         answers.update(refused)
-        explaining = _Explaining(after, self.judge)
+        explaining = _Explaining(after, self.judge, every_held_lease=False)
         answers.update({request_id: explaining(state) for request_id, state in states.items()})
         return answers
 
@@ -444,7 +447,7 @@ class LeaseStore(ABC):
 
     def waiting_for(self, *, pool: str) -> dict[str, tuple[Blocker, ...]]:
         """Whom each waiting request of ``pool`` waits for and why (every held lease it conflicts with, the
-        first request ahead of it, or the writer limit), by request id: what its own poll would answer,
+        request directly ahead of it, or the writer limit), by request id: what its own poll would answer,
         decided on one unlocked read. A read only: nobody's heartbeat is given, nothing is granted."""
         read = _PoolRead.of(*self._read(pool))
         decision = _decide(read.rows, self.judge, read.now)
@@ -539,12 +542,12 @@ def _request_detail(request: LeaseRequest) -> str:
 
 
 class _Explaining:
-    """The answers given from one read of a pool, each with every held lease it waits for and the first
-    request ahead of it (``arbiter.Explainer``; the pool is indexed once, however many answers), outside the
-    pool's lock. A writer-limit blocker the decision named is kept."""
+    """The answers given from one read of a pool, each with the held leases it waits for and the request
+    directly ahead of it (``arbiter.Explainer``, ``every_held_lease`` as there; the pool is indexed once,
+    however many answers), outside the pool's lock. A writer-limit blocker the decision named is kept."""
 
-    def __init__(self, rows: Sequence[Row], judge: PairJudge) -> None:
-        self._rows, self._judge = rows, judge
+    def __init__(self, rows: Sequence[Row], judge: PairJudge, *, every_held_lease: bool = True) -> None:
+        self._rows, self._judge, self._every_held_lease = rows, judge, every_held_lease
         self._explainer: Explainer | None = None
         self._candidates: dict[str, Candidate] = {}
 
@@ -556,7 +559,7 @@ class _Explaining:
             self._explainer = Explainer(
                 [self._candidates[r.request_id] for r in self._rows if r.record.status is LeaseStatus.GRANTED],
                 sorted((self._candidates[r.request_id] for r in self._rows if r.record.status is LeaseStatus.WAITING),
-                       key=lambda c: c.seq), self._judge)
+                       key=lambda c: c.seq), self._judge, every_held_lease=self._every_held_lease)
         mine = self._candidates.get(state.request_id)
         if mine is None:
             return state

@@ -42,15 +42,15 @@ ROW_COLUMNS: Final = ("request_id", "pool", "table_key", "owner", "seq", "status
 
 _SELECTED = ", ".join(f"l.{name}" for name in ROW_COLUMNS)
 
+#: The columns before ``ROW_COLUMNS`` in each row of ``SNAPSHOT``: the pool's, the same in every row.
+SNAPSHOT_HEAD: Final = ("seen_seq", "seen_at", "seen_token", "db_now")
+
 #: The pool's revision (NULL: no pool row yet), its last write's time and token, the database's clock now, and
 #: its live rows in arrival order (one row of NULLs when it has none, or when the revision and the last write's
 #: token are still ``known`` and ``known_token``: the caller has those rows already, as every change to them
 #: moves the revision; the token tells a revision written twice, by writes a failover lost and the ones after
 #: it). ``%(pool)s``, ``%(known)s`` (-1: none known), ``%(known_token)s``. A triggerer polling a thousand
 #: waiters of a pool nobody changed reads one short row.
-#: The columns before ``ROW_COLUMNS`` in each row of ``SNAPSHOT``: the pool's, the same in every row.
-SNAPSHOT_HEAD: Final = ("seen_seq", "seen_at", "seen_token", "db_now")
-
 SNAPSHOT = f"""
 SELECT p.next_seq AS seen_seq, p.changed_at AS seen_at, p.write_token AS seen_token,
        extract(epoch FROM clock_timestamp()) AS db_now, {_SELECTED}

@@ -11,6 +11,7 @@ import datetime
 import itertools
 import random
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -195,16 +196,48 @@ def test_an_explanation_says_when_it_did_not_compare_every_earlier_request(tmp_p
 def test_a_request_in_a_line_is_explained_by_the_one_directly_ahead_of_it(tmp_path: Path, indexed: bool) -> None:
     """Issue #23: the explanation named the first request in line, a new pair for every waiter each time the
     line moved; the request directly ahead stays the same. Partitioned requests (the index merges its
-    per-partition lists backwards) and requests of unknown reach (every request of the table) alike."""
-    snapshot = _table(tmp_path / "t", ["2024-01-01", "2024-01-02"])
+    per-partition lists backwards, a request of two dates filed under both) and requests of unknown reach
+    (every request of the table) alike."""
+    snapshot = _table(tmp_path / "t", ["2024-01-01", "2024-01-02", "2024-01-03"])
     held = _candidate(snapshot, 0, "OPTIMIZE", None, granted_at=0.0, indexed=indexed)
-    waiting = [_candidate(snapshot, i, "UPDATE", f"date = '2024-01-0{1 + i % 2}'", indexed=indexed)
-               for i in range(1, 9)]
+    dates = {i: ("2024-01-01", "2024-01-02") if i == 4 else (f"2024-01-0{1 + i % 3}",) for i in range(1, 13)}
+    waiting = [_candidate(snapshot, i, "UPDATE", "date IN (" + ", ".join(f"'{d}'" for d in dates[i]) + ")",
+                          indexed=indexed) for i in range(1, 13)]
     explainer = Explainer([held], waiting, PairJudge())
     for w in waiting:
         named = [b.request_id for b in explainer.explain(w)]
-        same_date_ahead = [o.request_id for o in waiting if o.seq < w.seq and o.seq % 2 == w.seq % 2]
-        if same_date_ahead:   # behind somebody: the held lease (judged: nothing remembered), then the nearest
-            assert named == ["r0", same_date_ahead[-1]], (w.request_id, named)
-        else:                 # first in line on its date: every held lease it conflicts with
-            assert named == ["r0"], (w.request_id, named)
+        ahead = [o.request_id for o in waiting if o.seq < w.seq and set(dates[o.seq]) & set(dates[w.seq])]
+        # every held lease, then the nearest earlier request sharing a date (none: first in line on its dates)
+        assert named == ["r0", *ahead[-1:]], (w.request_id, named)
+
+
+def test_a_batched_answer_behind_somebody_names_the_lease_the_decision_kept(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A triggerer's answers (``every_held_lease=False``): a waiter behind another names the held lease its
+    request keeps, not every held lease, so no waiter is judged against a new holder; every held lease when
+    nothing is kept, or when nobody is ahead (what the estimate of a waiter near its grant needs)."""
+    snapshot = _table(tmp_path / "t", ["2024-01-01"])
+    first = _candidate(snapshot, 0, "UPDATE", "date = '2024-01-01'", granted_at=0.0)
+    second = _candidate(snapshot, 1, "OPTIMIZE", None, granted_at=0.0)
+    front = _candidate(snapshot, 2, "UPDATE", "date = '2024-01-01'")
+    kept = Remembered(first.key, first.request_id, "kept", ("r3", 0))
+    behind = replace(_candidate(snapshot, 3, "UPDATE", "date = '2024-01-01'"), remembered=kept)
+    forgetful = _candidate(snapshot, 4, "UPDATE", "date = '2024-01-01'")
+    batched = Explainer([first, second], [front, behind, forgetful], PairJudge(), every_held_lease=False)
+    assert [b.request_id for b in batched.explain(front)] == ["r0", "r1"]
+    judged = record_calls(monkeypatch, compare, "lease_verdict")
+    blockers = batched.explain(behind)
+    assert [(b.request_id, b.reason) for b in blockers] == [("r0", "kept"), ("r2", blockers[1].reason)]
+    assert len(judged) == 1, "only the pair with the request ahead was judged"
+    assert [b.request_id for b in batched.explain(forgetful)] == ["r0", "r1", "r3"]
+    single = Explainer([first, second], [front, behind, forgetful], PairJudge())
+    assert [b.request_id for b in single.explain(behind)] == ["r0", "r1", "r2"]
+
+
+def test_a_walk_back_stops_after_the_limit_and_says_so(tmp_path: Path) -> None:
+    snapshot = _table(tmp_path / "t", ["2024-01-01"])
+    held = _candidate(snapshot, 0, "UPDATE", "date = '2024-01-01'", granted_at=0.0)
+    into = {"write_partitions": [{"date": "2024-01-01", "country": "DE"}]}
+    waiting = [_candidate(snapshot, i, "INSERT", None, **into) for i in range(1, EXPLAIN_AHEAD_LIMIT + 3)]
+    last = Explainer([held], waiting, PairJudge(), every_held_lease=False).explain(waiting[-1])
+    assert [b.request_id for b in last] == ["r0", None] and last[1].owner == UNCOMPARED

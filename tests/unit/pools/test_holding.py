@@ -216,3 +216,6 @@ def test_a_waiter_behind_another_logs_again_only_when_the_requests_ahead_change(
     assert seen.update([held("w1")]) == [held("w1")]                 # first in line now: logged
     assert seen.update([held("w0")]) == [held("w0")]                 # first in line, a new holder: logged
     assert [b["owner"] for b in seen.seen()] == ["h1", "w1", "h2", "w0"]   # everyone is still accounted for
+    limit = Blocker("the pool's writer limit of 2 is reached")               # no request: not somebody ahead
+    assert seen.update([held("w0"), limit]) == [held("w0"), limit]
+    assert seen.update([held("w2"), limit]) == [held("w2"), limit]           # a new holder: logged

@@ -263,7 +263,7 @@ class LeaseStore(ABC):
             by_pool.setdefault(request.pool, []).append((request_id, request.owner))
         for pool, items in by_pool.items():
             try:
-                answers.update(self._poll_pool(pool, items))
+                answers.update(self._poll_pool(pool, items, every_held_lease=False))
             except LeaseError as exc:
                 answers.update({request_id: exc for request_id, _ in items})
         for request_id, request in waits:
@@ -279,14 +279,16 @@ class LeaseStore(ABC):
         """``revision`` of each pool (SQL stores read them in one query)."""
         return {pool: self.revision(pool) for pool in pools}
 
-    def _poll_pool(self, pool: str, items: Sequence[tuple[str, str]]) -> dict[str, LeaseState | LeaseOwnershipError]:
+    def _poll_pool(self, pool: str, items: Sequence[tuple[str, str]], *, every_held_lease: bool = True
+                   ) -> dict[str, LeaseState | LeaseOwnershipError]:
         """Poll ``items`` (request id, owner) of one pool: answered from one unlocked read where nothing is
-        due, the rest in one locked transaction (see ``poll``)."""
+        due, the rest in one locked transaction (see ``poll``); explained as ``arbiter.Explainer`` says with
+        ``every_held_lease`` (False: a triggerer's batched poll, ``poll_many``)."""
         read = _PoolRead.of(*self._read(pool))
         answers: dict[str, LeaseState | LeaseOwnershipError] = {}
         pending: list[tuple[str, str]] = []
         decided: list[Decision] = []   # one decision per read at most, shared by the quiet answers
-        explaining = _Explaining(read.rows, self.judge, every_held_lease=False)
+        explaining = _Explaining(read.rows, self.judge, every_held_lease=every_held_lease)
         for request_id, owner in items:
             try:
                 quiet = self._quiet_state(read, request_id, owner, decided, explaining)
@@ -310,7 +312,7 @@ class LeaseStore(ABC):
             answers.update(refusal.args[0])
             return answers
         answers.update(refused)
-        explaining = _Explaining(after, self.judge, every_held_lease=False)
+        explaining = _Explaining(after, self.judge, every_held_lease=every_held_lease)
         answers.update({request_id: explaining(state) for request_id, state in states.items()})
         return answers
 

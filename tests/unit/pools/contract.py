@@ -439,6 +439,21 @@ class LeaseStoreContract:
             assert [b.owner for b in answer.blockers] == ["optimize", *([f"w{i - 3}"] if i >= 3 else [])]
         assert len(met) <= 4 * len(waits), len(met)
 
+    def test_a_waiters_own_poll_names_every_held_lease_and_a_batched_poll_the_one_its_request_keeps(
+            self, store: LeaseStore, request_for: Request) -> None:
+        """Review: a worker that waits for its lease polls one request at a time, and its estimate of the wait
+        takes the longest time left of the held leases it is told of; a poll that named only the kept one
+        (the earliest held) made that estimate too short, keeping the task in its worker instead of deferring."""
+        store.acquire(request_for("de", "UPDATE", "country = 'DE'"))
+        store.acquire(request_for("fr", "UPDATE", "country = 'FR'"))
+        store.acquire(request_for("first", "OPTIMIZE"))
+        behind = request_for("behind", "OPTIMIZE")
+        request_id = store.acquire(behind).request_id
+        own = store.poll(request_id, "behind")
+        assert [b.owner for b in own.blockers] == ["de", "fr", "first"], own.blockers
+        batched = store.poll_many([(request_id, behind)])[request_id]
+        assert not isinstance(batched, Exception) and [b.owner for b in batched.blockers] == ["de", "first"]
+
     def test_a_batched_poll_after_a_hand_over_judges_the_new_first_in_line_only(
             self, store: LeaseStore, request_for: Request, reopen: Callable[[LeaseStore], LeaseStore],
             judged: list[tuple[Any, ...]]) -> None:

@@ -50,6 +50,7 @@ if str(ROOT) not in sys.path:
 from _report import machine, percentile, write_section  # noqa: E402
 from arbiter_scale import build  # noqa: E402
 from leases import server_cpu, stores  # noqa: E402
+from scale import cpu_seconds  # noqa: E402
 
 from airflow_delta_occ.engine.planner import TableState, plan_footprint  # noqa: E402
 from airflow_delta_occ.pools.holding import DEFERRED_POLL_SECONDS, DEFERRED_WAKE_SECONDS  # noqa: E402
@@ -69,11 +70,6 @@ def requests(n: int, workdir: Path, pool: str) -> tuple[LeaseRequest, list[Lease
         return LeaseRequest.of(pool=pool, table="t", owner=owner, table_state=state, ttl=TTL,
                                footprint=plan_footprint(snapshot, "UPDATE", "id > 0", label=owner))
     return request("holder"), [request(f"waiter {i}") for i in range(n)]
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # -- the trigger processes ----------------------------------------------------------------------------------------

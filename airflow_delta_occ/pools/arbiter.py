@@ -347,16 +347,16 @@ class _TableIndex:
         for candidate in self.pending:   # filed when first asked: if every waiter waits for a held lease, never
             self._file(candidate)
         self.pending.clear()
+        before = request.seq if latest_first else None
         columns = _columns(request)
         kind = None if request.reach is None else (request.model, request.reach.layout)
-        bounded = [] if columns is None or self.kinds - {kind} else [   # [] : open, or another model or partitioning
+        open_request = columns is None or bool(self.kinds - {kind})   # or another model or partitioning on the table
+        bounded = [] if columns is None or open_request else [
             (i, values) for i, values in enumerate(columns)
             if values is not None and None not in values and i < len(self.by_value)]
         if not bounded:   # every request of the table, those the reach meets (all, for an open request)
             everyone = self.everyone if self.in_order else sorted(self.everyone, key=_arrival)
-            open_request = columns is None or bool(self.kinds - {kind})
-            yield from (c for c in _ordered(everyone, request.seq if latest_first else None)
-                        if open_request or _meets(request, c))
+            yield from (c for c in _ordered(everyone, before) if open_request or _meets(request, c))
             return
         column, values = min(bounded, key=lambda iv: len(self.open_on[iv[0]]) + sum(
             len(self.by_value[iv[0]].get(v, ())) for v in iv[1]))
@@ -365,8 +365,8 @@ class _TableIndex:
             # Each list is in arrival order (filed in it): merged lazily, so a caller that stops at the first
             # conflict compares a few requests, not every one that shares the partition.
             seen: set[str] = set()
-            merged = heapq.merge(*(_ordered(source, request.seq if latest_first else None) for source in sources),
-                                 key=_arrival, reverse=latest_first)
+            merged = heapq.merge(*(_ordered(source, before) for source in sources), key=_arrival,
+                                 reverse=latest_first)
             for candidate in merged:
                 if candidate.request_id not in seen:
                     seen.add(candidate.request_id)
@@ -375,7 +375,7 @@ class _TableIndex:
             return
         found = {c.request_id: c for source in sources for c in source}
         ordered = sorted((c for c in found.values() if _meets(request, c)), key=_arrival)
-        yield from _ordered(ordered, request.seq if latest_first else None)
+        yield from _ordered(ordered, before)
 
 
 def _ordered(requests: Sequence[Candidate], before: int | None) -> Iterator[Candidate]:

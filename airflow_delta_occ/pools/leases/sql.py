@@ -314,16 +314,22 @@ class SqlLeaseStore(LeaseStore):
     def _decoded_rows(self, pool: str, result: list[Any]) -> list[Row]:
         """``result``'s rows (of ``SNAPSHOT``), each decoded once: a row read again with every column the same
         is the ``Row`` decoded from it before. A triggerer reads a pool of a thousand waiters again each time
-        it moves, and decoding every row each time was a quarter of its CPU; one move changes a few rows."""
+        it moves, and decoding every row each time was a quarter of its CPU; one move changes a few rows.
+
+        The key leaves out the request's text (kilobytes, hashed per row per read): the request is decoded by
+        its id and revision (``request_of``), which the key holds, so its text never changes what a row gives."""
         if not result:
             return []
-        assert tuple(result[0]._fields[:len(pg_statements.SNAPSHOT_HEAD)]) == pg_statements.SNAPSHOT_HEAD
+        head, text = len(pg_statements.SNAPSHOT_HEAD), len(pg_statements.SNAPSHOT_HEAD) + _REQUEST_COLUMN
+        assert tuple(result[0]._fields[:head]) == pg_statements.SNAPSHOT_HEAD
+        assert result[0]._fields[text] == "request"
         previous, current = self._decoded.get(pool, {}), {}
         rows = []
         for r in result:
-            stored = tuple(r)[len(pg_statements.SNAPSHOT_HEAD):]   # the row's own columns, the request's text too
-            row = previous.get(stored) or self._row(r)
-            current[stored] = row
+            stored = tuple(r)
+            key = stored[head:text] + stored[text + 1:]
+            row = previous.get(key) or self._row(r)
+            current[key] = row
             rows.append(row)
         self._decoded[pool] = current
         return rows
@@ -574,6 +580,7 @@ _RECORD_COLUMNS = (leases_table.c.request_id, leases_table.c.pool, leases_table.
                    leases_table.c.granted_at, leases_table.c.expires_at)
 
 
+_REQUEST_COLUMN = pg_statements.ROW_COLUMNS.index("request")   # its place among ``SNAPSHOT``'s row columns
 _ROW_COLUMNS = (*_RECORD_COLUMNS, leases_table.c.revision, leases_table.c.model, leases_table.c.max_writers,
                 leases_table.c.ttl, leases_table.c.request, leases_table.c.blocker)
 

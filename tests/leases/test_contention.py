@@ -121,8 +121,10 @@ def test_sixteen_processes_never_hold_conflicting_leases(contention: Contention)
     assert analysis.max_holders[POOL] > 1, report   # leases were held concurrently, not one at a time
     # rule 2a ran under this load (grants went ahead in every 20 s run here), each judged legal by the analyser
     assert analysis.went_ahead >= 5, report
-    if contention.backend == "postgresql":   # every way a write lands ran under this load
-        assert min(run.counts["writes_landed_moved"], run.counts["writes_missed"], run.counts["writes_locked"]) > 0, (
+    if contention.backend == "postgresql":   # the optimistic writes ran every way under this load: in tables'
+        # queues, missing, landing past others (the pool's lock, their last resort, is proven by the whole contract
+        # with the optimistic writes off: tests/postgres/test_store_optimistic.py)
+        assert min(run.counts["writes_landed_moved"], run.counts["writes_missed"], run.counts["writes_queued"]) > 0, (
             run.counts)
 
 

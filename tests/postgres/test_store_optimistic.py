@@ -11,6 +11,7 @@ optimistic writes turned off, so the locked fallback a busy pool takes is proven
 # ruff: noqa: F811 - the contract's fixtures are parameters of the tests
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
@@ -19,7 +20,7 @@ import sqlalchemy as sa
 from airflow_delta_occ.exceptions import LeaseLostError, LeaseStoreError
 from airflow_delta_occ.pools.leases import pg_statements, sql
 from airflow_delta_occ.pools.leases.sql import SqlLeaseStore
-from airflow_delta_occ.pools.requests import AuditKind, LeaseStatus
+from airflow_delta_occ.pools.requests import AuditKind, LeaseState, LeaseStatus
 
 from ..unit.pools.contract import Clock, Request, record_calls, request_for, table  # noqa: F401 - fixtures of the contract
 from . import test_store_contract as contract_tests  # a module: its class is not collected twice here
@@ -35,13 +36,17 @@ def stores(postgres_url: str) -> Iterator[tuple[SqlLeaseStore, SqlLeaseStore]]:
 
 
 def statements(store: SqlLeaseStore) -> list[str]:
-    """Every statement ``store`` sends from now on (each is one round trip): its first word, and the write
-    function's name for a call of it."""
+    """Every statement ``store`` sends from now on (each is one round trip): its first word; ``CALL WRITE`` for
+    a call of the write function; ``QUEUE`` for a table's queue with its read; ``... IN QUEUE`` for the write
+    that ends it (with its commit and its outcome)."""
     sent: list[str] = []
 
     def note(_conn: object, _cursor: object, statement: str, *_: object) -> None:
-        head = statement.strip().split("(", 1)[0]
-        sent.append("CALL WRITE" if pg_statements.WRITE_FUNCTION in head else statement.strip().split()[0])
+        if statement == pg_statements.QUEUE:
+            sent.append("QUEUE")
+        else:
+            word = "CALL WRITE" if pg_statements.WRITE_FUNCTION in statement else statement.strip().split()[0]
+            sent.append(f"{word} IN QUEUE" if pg_statements.OUTCOME in statement else word)
     sa.event.listen(store.engine, "before_cursor_execute", note)
     return sent
 
@@ -81,7 +86,7 @@ def test_the_write_runs_through_one_function_of_the_database(stores: tuple[SqlLe
         names = conn.exec_driver_sql("SELECT proname FROM pg_proc WHERE proname LIKE 'delta_occ_lease_write_%%'")
         assert [r.proname for r in names] == [pg_statements.WRITE_FUNCTION]
     sent = wait_behind_and_get_granted(one, other, request_for)
-    assert "CALL WRITE" in sent and "WITH" not in sent, sent
+    assert "CALL WRITE IN QUEUE" in sent and not [s for s in sent if s.startswith("WITH")], sent
 
 
 def test_a_pool_others_write_is_read_before_each_decision_until_it_is_quiet_again(
@@ -93,7 +98,8 @@ def test_a_pool_others_write_is_read_before_each_decision_until_it_is_quiet_agai
     second = one.acquire(request_for("c", "UPDATE", "country = 'DE'"))  # misses, then decides on a fresh read
     assert one.release(second.request_id, "c")          # read first again; nobody else wrote in between
     assert one.release(first.request_id, "a")           # so this one decides on the pool it remembers
-    assert sent == ["CALL WRITE", "SELECT", "CALL WRITE", "SELECT", "CALL WRITE", "CALL WRITE"], sent
+    # The fresh reads are made in the table's queue, which each write leaves as it commits (same round trip).
+    assert sent == ["CALL WRITE", "QUEUE", "CALL WRITE IN QUEUE", "QUEUE", "CALL WRITE IN QUEUE", "CALL WRITE"], sent
     assert [r.owner for r in other.records(pool="sales")] == ["b"]
     assert (one.writes["missed"], one.writes["locked"]) == (1, 0)
 
@@ -101,24 +107,57 @@ def test_a_pool_others_write_is_read_before_each_decision_until_it_is_quiet_agai
 def test_a_write_that_misses_on_a_fresh_read_is_decided_under_the_lock(
         stores: tuple[SqlLeaseStore, SqlLeaseStore], request_for: Request, monkeypatch: pytest.MonkeyPatch) -> None:
     """The lock stops every writer of the pool while one client decides: taken only when a decision on a
-    fresh read missed too, so that every operation ends whatever the others do."""
+    fresh read missed too, so that every operation ends whatever the others do. (An operation whose table is
+    not known before the read: here the release of a request another process made.)"""
     mine, theirs = stores
+    made_elsewhere = theirs.acquire(request_for("x", "UPDATE", "country = 'DE'"))
     mine.acquire(request_for("a", "UPDATE", "country = 'FR'"))
     theirs.acquire(request_for("b", "UPDATE", "country = 'IT'"))
     read_pool = mine._snapshot
-    moved: list[object] = []
+    moved: list[LeaseState] = []
 
     def read_then_another_write(pool: str, conn: object = None) -> object:
         snapshot = read_pool(pool, conn)  # type: ignore[arg-type]
-        if not moved:   # another process takes DE between this fresh read and the write decided on it
-            moved.append(theirs.acquire(request_for("c", "UPDATE", "country = 'DE'")))
+        if not moved:   # another process asks for DE between this fresh read and the write decided on it
+            moved.append(theirs.acquire(request_for("c", "DELETE", "country = 'DE'")))
         return snapshot
     monkeypatch.setattr(mine, "_snapshot", read_then_another_write)
-    sent = statements(mine)
+    sent, before = statements(mine), mine.writes.copy()
+    assert mine.release(made_elsewhere.request_id, "x")
+    # Its pool found, the release decided on the pool remembered, then on a fresh read, then under the lock.
+    assert sent == ["SELECT", "CALL WRITE", "SELECT", "CALL WRITE", "BEGIN", "CALL WRITE"], sent
+    assert moved[0].status is LeaseStatus.WAITING
+    assert theirs.poll(moved[0].request_id, "c").granted
+    assert mine.writes - before == Counter(missed=2, locked=1), mine.writes - before
+
+
+def test_a_busy_table_is_decided_in_its_queue_and_under_the_lock_only_after_misses_there(
+        stores: tuple[SqlLeaseStore, SqlLeaseStore], request_for: Request, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An operation whose table is known waits in that table's queue and decides on a read made there; a write
+    that still misses there (a process outside the queue wrote the table) queues again, and only after
+    ``QUEUED_TRIES`` misses is it decided under the pool's lock. Every decision stays the conditional write's."""
+    mine, theirs = stores
+    mine.acquire(request_for("a", "UPDATE", "country = 'FR'"))
+    theirs.acquire(request_for("b", "UPDATE", "country = 'IT'"))
+    read = mine._snapshot_of
+    moved: list[LeaseState] = []
+
+    def read_then_another_write(pool: str, result: list[object], known: object) -> object:
+        snapshot = read(pool, result, known)  # type: ignore[arg-type]
+        if len(moved) < sql.QUEUED_TRIES:   # each read in the queue: DE moves before the write decided on it
+            moved.append(theirs.acquire(request_for(f"c{len(moved)}", "UPDATE", "country = 'DE'")))
+        return snapshot
+    monkeypatch.setattr(mine, "_snapshot_of", read_then_another_write)
+    sent, before = statements(mine), mine.writes.copy()
     late = mine.acquire(request_for("d", "DELETE", "country = 'DE'"))
-    assert sent == ["CALL WRITE", "SELECT", "CALL WRITE", "BEGIN", "CALL WRITE"], sent
-    assert late.status is LeaseStatus.WAITING and [b.owner for b in late.blockers] == ["c"]
-    assert (mine.writes["missed"], mine.writes["locked"]) == (2, 1)
+    assert sent == ["CALL WRITE", *["QUEUE", "CALL WRITE IN QUEUE"] * sql.QUEUED_TRIES, "BEGIN", "CALL WRITE"], sent
+    assert len(moved) == sql.QUEUED_TRIES
+    assert late.status is LeaseStatus.WAITING and "c0" in [b.owner for b in late.blockers]
+    assert [r.owner for r in theirs.records(pool="sales")] == ["a", "b", "c0", "c1", "c2", "d"]
+    assert mine.writes - before == Counter(missed=1 + sql.QUEUED_TRIES, queued=sql.QUEUED_TRIES, locked=1), mine.writes - before
+    with mine.engine.connect() as conn:   # nobody is left holding the table's queue
+        held = conn.exec_driver_sql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted")
+        assert held.scalar_one() == 0
 
 
 def test_a_grant_decided_on_an_old_view_is_not_made(stores: tuple[SqlLeaseStore, SqlLeaseStore],
@@ -237,7 +276,7 @@ def test_a_host_clock_ahead_of_the_database_never_expires_a_lease_early(
     late = fast.acquire(request_for("b", "DELETE", "country = 'DE'"))
     # On the estimated time the holder had expired; the write missed on the database's clock instead, and the
     # request was decided again on a fresh read, on that clock: the holder is still there, it waits.
-    assert sent == ["CALL WRITE", "SELECT", "CALL WRITE"], sent
+    assert sent == ["CALL WRITE", "QUEUE", "CALL WRITE IN QUEUE"], sent
     assert late.status is LeaseStatus.WAITING
     assert other.renew(held.request_id, "holder").status is LeaseStatus.GRANTED
     with other.engine.connect() as conn:
@@ -492,7 +531,7 @@ def test_a_role_that_may_not_create_functions_writes_with_the_plain_statement(
             assert one.write_statement == pg_statements.WRITE
             assert "cannot create its write function" in caplog.text and "permission denied" in caplog.text
             sent = wait_behind_and_get_granted(one, other, request_for)
-            assert "WITH" in sent and "CALL WRITE" not in sent, sent
+            assert "WITH IN QUEUE" in sent and not [s for s in sent if s.startswith("CALL WRITE")], sent
     finally:
         _drop_role(postgres_url, "delta_occ_app")
 

@@ -125,6 +125,7 @@ class LeaseStore(ABC):
     def __init__(self, *, judge: PairJudge | None = None) -> None:
         self.judge = judge or PairJudge()
         self._pool_of: dict[str, str] = {}   # this process's requests: their pool never changes
+        self._table_of: dict[str, str] = {}   # and their table (a hint for ``_transact``: it never changes either)
         self._pool_sizes: dict[str, int] = {}   # live requests per pool, as this process last saw them
 
     def _pool(self, request_id: str) -> str | None:
@@ -135,13 +136,15 @@ class LeaseStore(ABC):
     def _locked(self, pool: str) -> AbstractContextManager[PoolTransaction]:
         """One transaction holding ``pool``'s lock; commits on normal exit, rolls back on an exception."""
 
-    def _transact(self, pool: str, body: Callable[[PoolTransaction], _R]) -> _R:
+    def _transact(self, pool: str, body: Callable[[PoolTransaction], _R], *, table: str | None = None) -> _R:
         """``body`` on ``pool``'s rows, its changes landing atomically on exactly the rows it read.
 
         Here under the pool's lock, once. A store may instead run ``body`` optimistically, more than once,
         each time on fresher rows, and keep the one run whose rows were still current when its changes
         were written (``SqlLeaseStore`` on PostgreSQL). So a body has no effects outside ``txn`` and raises
-        only for what its rows show (an exception discards its changes, like a rollback).
+        only for what its rows show (an exception discards its changes, like a rollback). ``table``: the
+        table the operation is about, when known before the read (a store may queue the operations of one
+        table; it is a hint, never what decides).
         """
         with self._locked(pool) as txn:
             return body(txn)
@@ -203,10 +206,12 @@ class LeaseStore(ABC):
                         self._audit(txn, record, AuditKind.REPLAN, _request_detail(request))
             return self._settle(txn, request_id)
 
-        state, rows = self._transact(request.pool, body)
+        state, rows = self._transact(request.pool, body, table=request.table)
         if len(self._pool_of) > 10_000:
             self._pool_of.clear()
+            self._table_of.clear()
         self._pool_of[state.request_id] = request.pool
+        self._table_of[state.request_id] = request.table
         self._pool_sizes[request.pool] = len(rows)
         return self._explained(state, rows)
 
@@ -307,7 +312,9 @@ class LeaseStore(ABC):
         pending += [(request_id, owner) for request_id, owner in items
                     if isinstance(answers.get(request_id), LeaseState)]
         try:
-            states, refused, after = self._transact(pool, lambda txn: self._poll_due(txn, pending))
+            tables = {self._table_of.get(request_id) for request_id, _ in pending}
+            states, refused, after = self._transact(pool, lambda txn: self._poll_due(txn, pending),
+                                                    table=tables.pop() if len(tables) == 1 else None)
         except _Refused as refusal:   # nobody here owns what it polled: nothing is changed (invariant 6)
             answers.update(refusal.args[0])
             return answers
@@ -397,7 +404,7 @@ class LeaseStore(ABC):
             return None, size
 
         if pool is not None:
-            renewed, self._pool_sizes[pool] = self._transact(pool, body)
+            renewed, self._pool_sizes[pool] = self._transact(pool, body, table=self._table_of.get(request_id))
             if renewed is not None:
                 return renewed
         raise LeaseLostError(f"lease {request_id} of {owner!r} is gone: it was released, or expired because its "
@@ -411,6 +418,7 @@ class LeaseStore(ABC):
         """
         pool = self._pool(request_id)
         self._pool_of.pop(request_id, None)
+        table = self._table_of.pop(request_id, None)
         if pool is None:
             return False
         if self._pool_sizes.get(pool, 0) >= PREWARM_ROWS:
@@ -426,7 +434,7 @@ class LeaseStore(ABC):
                         f"held {txn.now - (row.record.granted_at or txn.now):.3f} s" if held else "")
             return self._settle(txn, None)[1]
 
-        rows = self._transact(pool, body)
+        rows = self._transact(pool, body, table=table)
         if rows is None:
             return False
         self._pool_sizes[pool] = len(rows)

@@ -152,6 +152,35 @@ INSERT INTO delta_occ_lease_pools (name, next_seq) VALUES (%(pool)s, 1) ON CONFL
 SELECT FROM delta_occ_lease_pools WHERE name = %(pool)s FOR UPDATE;
 {SNAPSHOT}"""
 
+#: A table's queue (``sql.SqlLeaseStore._transact_queued``): opens a transaction, waits for its advisory lock
+#: ``(%(queue_class)s, %(queue_key)s)`` (the second key a digest of the pool and the table), then reads the pool as
+#: ``SNAPSHOT`` does, in one round trip. The lock orders the processes deciding on one table, so they stop missing
+#: each other's writes; it decides nothing: every write stays conditional, so a digest two tables share only
+#: makes them queue together. The caller sends ``WRITE`` with ``COMMIT`` and ``OUTCOME`` next (``ROLLBACK`` when
+#: it has nothing to write): the lock lasts until that commit, so the next in the queue reads after it. A
+#: transaction's lock, not the session's: a session lock held between statements would stay with a server
+#: connection that a transaction-pooling PgBouncer gives to another client.
+QUEUE = f"""
+BEGIN ISOLATION LEVEL READ COMMITTED;
+SELECT pg_advisory_xact_lock(%(queue_class)s, %(queue_key)s);
+{SNAPSHOT}"""
+
+#: The first key of every table queue's lock ("DELT"): two-key advisory locks of one class, apart from the
+#: one-key schema lock and from other applications' locks of other classes.
+QUEUE_CLASS: Final = 0x44454C54
+
+#: Sent after ``WRITE`` and ``COMMIT`` in one message (whose answer is its last statement's): whether the write
+#: with ``%(token)s`` landed, as ``WRITE``'s answer says it (``applied``: the revision it made, NULL when it did
+#: not land; ``db_now``). The pool keeps the tokens of its last 64 revisions, so writes that land between the
+#: commit and this read do not hide it.
+OUTCOME = """
+SELECT (SELECT e.key::bigint FROM jsonb_each_text(p.recent_tokens) AS e WHERE e.value = %(token)s) AS applied,
+       extract(epoch FROM clock_timestamp())::numeric AS db_now
+FROM (SELECT 1) AS one
+LEFT JOIN delta_occ_lease_pools AS p ON p.name = %(pool)s
+"""
+
+
 # -- the write as a server-side function --------------------------------------------------------------------------
 #
 # Sent as text, ``WRITE`` is parsed and planned on every call: about 60% of its round trip on an idle server

@@ -24,6 +24,7 @@ import json
 import logging
 import time
 import uuid
+import zlib
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
@@ -53,6 +54,9 @@ log = logging.getLogger(__name__)
 OPTIMISTIC = True
 
 SCHEMA_LOCK_KEY = 0x44454C54414F4343  # "DELTAOCC": the advisory lock that serializes schema creation
+
+#: How many times an operation decides in its table's queue (``_transact_queued``) before it takes the pool's lock.
+QUEUED_TRIES = 3
 
 metadata = sa.MetaData()
 pools_table = sa.Table(
@@ -148,9 +152,9 @@ class SqlLeaseStore(LeaseStore):
                 conn.execute(sa.select(sa.func.pg_advisory_xact_lock(SCHEMA_LOCK_KEY)))
             metadata.create_all(conn)
             _add_missing_columns(conn, self.dialect)
-            call = _ensure_write_function(conn) if self.dialect == "postgresql" else None
-            if call is not None:
-                self.write_statement = call
+            schema = _ensure_write_function(conn) if self.dialect == "postgresql" else None
+            if schema is not None:
+                self.write_statement = pg_statements.call_write(schema)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -159,6 +163,11 @@ class SqlLeaseStore(LeaseStore):
     def _write_and_commit(self) -> str:
         """``write_statement`` ending the locked path's transaction in the same round trip."""
         return f"{self.write_statement};\nCOMMIT"
+
+    @property
+    def _write_commit_and_tell(self) -> str:
+        """``write_statement`` ending a table queue's transaction, and its outcome, in the same round trip."""
+        return f"{self.write_statement};\nCOMMIT;\n{pg_statements.OUTCOME}"
 
     @contextmanager
     def _transaction_block(self) -> Iterator[Connection]:
@@ -173,7 +182,7 @@ class SqlLeaseStore(LeaseStore):
             yield conn
 
     # -- storage primitives ---------------------------------------------------------------------
-    def _transact(self, pool: str, body: Callable[[PoolTransaction], _T]) -> _T:
+    def _transact(self, pool: str, body: Callable[[PoolTransaction], _T], *, table: str | None = None) -> _T:
         """``LeaseStore._transact``; on PostgreSQL optimistic while the pool is quiet (see the module docstring).
 
         A decision made on the pool as this process last saw it lands only through the conditional write.
@@ -188,7 +197,7 @@ class SqlLeaseStore(LeaseStore):
         if self.dialect != "postgresql":
             return super()._transact(pool, body)
         try:
-            return self._transact_on_postgres(pool, body)
+            return self._transact_on_postgres(pool, body, table)
         except LeaseStoreError as exc:
             if self.write_statement == pg_statements.WRITE or not _write_function_refused(exc):
                 raise
@@ -200,39 +209,102 @@ class SqlLeaseStore(LeaseStore):
                     "sends the plain statement from now on", pg_statements.WRITE_FUNCTION, reason)
         self.write_statement = pg_statements.WRITE
         self._snapshots.pop(pool, None)
-        return self._transact_on_postgres(pool, body)
+        return self._transact_on_postgres(pool, body, table)
 
-    def _transact_on_postgres(self, pool: str, body: Callable[[PoolTransaction], _T]) -> _T:
+    def _transact_on_postgres(self, pool: str, body: Callable[[PoolTransaction], _T], table: str | None) -> _T:
         """``_transact`` on PostgreSQL, with the write statement this process uses."""
-        if OPTIMISTIC:
-            snapshot = None if pool in self._busy else self._snapshots.get(pool)
-            fresh = snapshot is None
-            if snapshot is None:
-                snapshot = self._snapshot(pool)
-                if self._written.get(pool) == snapshot.revision:
-                    self._busy.discard(pool)   # nobody else wrote it since this process did
-            while True:
-                txn = self._transaction(pool, snapshot, fresh)
-                try:
-                    result = body(txn)
-                except Exception:
-                    if fresh:
-                        raise
-                    snapshot, fresh = self._snapshot(pool), True   # decided on an old view: decide again on a read
-                    continue
-                if not txn.changes():
-                    if fresh:
-                        return result
-                    snapshot, fresh = self._snapshot(pool), True
-                    continue
-                if self._write_if_current(txn, snapshot):
-                    self.writes["landed"] += 1
-                    return result
-                self.writes["missed"] += 1
-                self._busy.add(pool)
+        if not OPTIMISTIC:
+            return self._transact_locked(pool, body)
+        if table is not None and (pool in self._busy or pool not in self._snapshots):
+            return self._transact_queued(pool, table, body)   # a read is due: made in the table's queue
+        snapshot = None if pool in self._busy else self._snapshots.get(pool)
+        fresh = snapshot is None
+        if snapshot is None:
+            snapshot = self._snapshot(pool)
+            if self._written.get(pool) == snapshot.revision:
+                self._busy.discard(pool)   # nobody else wrote it since this process did
+        while True:
+            txn = self._transaction(pool, snapshot, fresh)
+            try:
+                result = body(txn)
+            except Exception:
                 if fresh:
-                    break
+                    raise
+                snapshot, fresh = self._snapshot(pool), True   # decided on an old view: decide again on a read
+                continue
+            if not txn.changes():
+                if fresh:
+                    return result
                 snapshot, fresh = self._snapshot(pool), True
+                continue
+            if self._write_if_current(txn, snapshot):
+                self.writes["landed"] += 1
+                return result
+            self.writes["missed"] += 1
+            self._busy.add(pool)
+            if table is not None:
+                return self._transact_queued(pool, table, body)
+            if fresh:
+                break
+            snapshot, fresh = self._snapshot(pool), True
+        self.writes["locked"] += 1
+        return self._transact_locked(pool, body)
+
+    def _transact_queued(self, pool: str, table: str, body: Callable[[PoolTransaction], _T]) -> _T:
+        """``body`` in its table's queue (``pg_statements.QUEUE``): how an operation whose table is known reads its
+        pool when it must (it has no view of the pool that is still current, or other processes write it).
+
+        Processes that decide on one table at once miss each other's writes, and each miss costs a read, a
+        decision and a write again; on a pool shared by many tables the old way out, the pool's lock, stopped
+        every table while one client decided. In the queue the processes of one table decide one after the
+        other, each on a read made after the last one's write committed, while the other tables go on. The
+        queue decides nothing: the write is the optimistic one, conditional as ever. Two round trips, as a read
+        and a write were: the queue with the read; the write with its commit and its outcome. A write that
+        misses anyway (a process outside the queue wrote the table) queues again, up to ``QUEUED_TRIES`` times;
+        then the operation is decided under the pool's lock.
+        """
+        queue = {"queue_class": pg_statements.QUEUE_CLASS, "queue_key": _queue_key(pool, table)}
+        with self._errors(f"queue for table {table!r} of pool {pool!r}"):
+            for attempt in range(QUEUED_TRIES):
+                conn = self.engine.connect()   # autocommit (``_engine``): the BEGIN in QUEUE is the server's
+                ended = False
+                try:
+                    known = self._snapshots.get(pool)
+                    try:
+                        rows = list(conn.exec_driver_sql(pg_statements.QUEUE, {**_read_params(pool, known), **queue}))
+                    except DBAPIError as exc:
+                        if attempt == 0 and exc.connection_invalidated:
+                            continue   # a pooled connection the server had dropped: one more try on a new one
+                        raise
+                    self.writes["queued"] += 1
+                    snapshot = self._snapshot_of(pool, rows, known)
+                    if self._written.get(pool) == snapshot.revision:
+                        self._busy.discard(pool)   # nobody else wrote it since this process did
+                    txn = self._transaction(pool, snapshot, True)
+                    result = body(txn)
+                    if not txn.changes():
+                        return result
+                    revision, token = txn.revision_after(snapshot.revision), uuid.uuid4().hex
+                    params = self._write_params(txn, snapshot, revision, token, checked=self.clock is None,
+                                                per_table=True)
+                    try:
+                        answer = conn.exec_driver_sql(self._write_commit_and_tell, params).one()
+                    except DBAPIError as exc:
+                        if exc.connection_invalidated:
+                            ended = True   # the server ended the transaction: committed, or not
+                            self._snapshots.pop(pool, None)
+                            if self._landed(pool, token):
+                                return result
+                        raise
+                    ended = True
+                    if self._took(txn, revision, token, answer):
+                        self.writes["landed"] += 1
+                        return result
+                    self.writes["missed"] += 1
+                finally:
+                    if not ended:
+                        _roll_back(conn)   # leaves the queue
+                    conn.close()
         self.writes["locked"] += 1
         return self._transact_locked(pool, body)
 
@@ -378,6 +450,11 @@ class SqlLeaseStore(LeaseStore):
         except SQLAlchemyError as exc:
             self._snapshots.pop(txn.pool, None)
             raise self._failed(f"change pool {txn.pool!r}", exc) from exc
+        return self._took(txn, revision, token, answer)
+
+    def _took(self, txn: _Transaction, revision: int, token: str, answer: Any) -> bool:
+        """Whether the write of ``txn`` (made as ``revision`` with ``token``) landed, from its answer (``applied``,
+        ``db_now``); the pool after it is remembered when nothing else landed in between."""
         self._clock_offset = float(answer.db_now) - time.time()
         if answer.applied is None:
             return False
@@ -593,8 +670,9 @@ _ADDED_COLUMNS = (("delta_occ_leases", "blocker", "TEXT"), ("delta_occ_lease_poo
 
 
 def _ensure_write_function(conn: Connection) -> str | None:
-    """Make ``pg_statements``' write function if the database lacks it; the statement that calls it, or
-    ``None`` when this store must send the plain statement (the same write, parsed and planned every time).
+    """Make ``pg_statements``' write function if the database lacks it; the schema to call it in
+    (``pg_statements.call_write``), or ``None`` when this store must send the plain statement (the same write,
+    parsed and planned every time).
 
     Runs under the schema lock, so processes starting together make it once, in the schema of the store's
     tables, and call it by that schema. A function of that name another role made, or with another body,
@@ -618,7 +696,7 @@ def _ensure_write_function(conn: Connection) -> str | None:
             log.warning("the lease store does not call the write function %s: %s; it sends the plain "
                         "statement, which the server parses and plans on every write", name, refusal)
             return None
-        return pg_statements.call_write(state.schema)
+        return str(state.schema)
     try:
         with conn.begin_nested():
             conn.exec_driver_sql(pg_statements.create_write_function(state.schema))
@@ -626,7 +704,7 @@ def _ensure_write_function(conn: Connection) -> str | None:
         log.warning("the lease store cannot create its write function %s (%s); it sends the plain statement, "
                     "which the server parses and plans on every write", name, _first_line(exc))
         return None
-    return pg_statements.call_write(state.schema)
+    return str(state.schema)
 
 
 def _write_function_refused(exc: BaseException) -> bool:
@@ -945,6 +1023,12 @@ def _run(dbapi_connection: Any, statement: str) -> None:
         cursor.execute(statement)
     finally:
         cursor.close()
+
+
+def _queue_key(pool: str, table: str) -> int:
+    """The second key of a table's queue lock (``pg_statements.QUEUE``): a digest of the pool and the table, as a
+    signed 32-bit integer, the same in every process (Python's ``hash`` is not)."""
+    return zlib.crc32(f"{pool}\0{table}".encode()) - 2**31
 
 
 def _roll_back(conn: Connection) -> None:

@@ -11,6 +11,8 @@ optimistic writes turned off, so the locked fallback a busy pool takes is proven
 # ruff: noqa: F811 - the contract's fixtures are parameters of the tests
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 
@@ -154,7 +156,8 @@ def test_a_busy_table_is_decided_in_its_queue_and_under_the_lock_only_after_miss
     assert len(moved) == sql.QUEUED_TRIES
     assert late.status is LeaseStatus.WAITING and "c0" in [b.owner for b in late.blockers]
     assert [r.owner for r in theirs.records(pool="sales")] == ["a", "b", "c0", "c1", "c2", "d"]
-    assert mine.writes - before == Counter(missed=1 + sql.QUEUED_TRIES, queued=sql.QUEUED_TRIES, locked=1), mine.writes - before
+    expected = Counter(missed=1 + sql.QUEUED_TRIES, queued=sql.QUEUED_TRIES, locked=1)
+    assert mine.writes - before == expected, mine.writes - before
     with mine.engine.connect() as conn:   # nobody is left holding the table's queue
         held = conn.exec_driver_sql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted")
         assert held.scalar_one() == 0
@@ -643,3 +646,38 @@ def table_user(postgres_url: str, role: str) -> str:
         conn.exec_driver_sql(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}")
         conn.exec_driver_sql(f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {role}")
     return sa.engine.make_url(postgres_url).set(username=role).render_as_string(hide_password=False)
+
+
+def test_a_client_that_stalls_in_a_tables_queue_stops_the_table_only_until_the_server_ends_its_session(
+        stores: tuple[SqlLeaseStore, SqlLeaseStore], request_for: Request, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process frozen between its read in the queue and its write (a stopped process, a host cut off) keeps its
+    connection open: the server ends its idle transaction after ``STALLED_TRANSACTION_MS``, the others of the
+    table go on, and the stalled operation, once it wakes, finds its write undone and decides again."""
+    stalled, other = stores
+    monkeypatch.setattr(sql, "STALLED_TRANSACTION_MS", 700)
+    read = stalled._snapshot_of
+    stalls: list[float] = []
+
+    def read_then_freeze(pool: str, result: list[object], known: object) -> object:
+        snapshot = read(pool, result, known)  # type: ignore[arg-type]
+        if not stalls:
+            stalls.append(time.monotonic())
+            time.sleep(3.0)   # inside the queue's transaction, after its read
+        return snapshot
+    monkeypatch.setattr(stalled, "_snapshot_of", read_then_freeze)
+    answers: list[LeaseState] = []
+    frozen = threading.Thread(target=lambda: answers.append(stalled.acquire(request_for("a", "UPDATE",
+                                                                                        "country = 'DE'"))))
+    frozen.start()
+    while not stalls:
+        time.sleep(0.01)
+    mine = other.acquire(request_for("b", "UPDATE", "country = 'FR'"))   # the same table's queue
+    waited = time.monotonic() - stalls[0]
+    frozen.join(timeout=60)
+    assert mine.granted and waited < 2.5, waited   # not held up for the whole stall
+    assert answers and answers[0].granted
+    assert sorted(r.owner for r in other.holders(pool="sales")) == ["a", "b"]
+    assert [e.kind for e in other.history(pool="sales") if e.owner == "a"] == [AuditKind.REQUEST, AuditKind.GRANT]
+    with other.engine.connect() as conn:   # nobody is left holding the table's queue
+        held = conn.exec_driver_sql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted")
+        assert held.scalar_one() == 0

@@ -145,14 +145,19 @@ SELECT (SELECT next_seq FROM bump) AS applied, extract(epoch FROM clock_timestam
 
 #: Opens a transaction, takes the pool's row lock (a new pool's row is made first), then reads the pool: after
 #: the lock, so the read is current. One round trip (several statements in one message); the caller sends
-#: ``WRITE`` with ``COMMIT`` next, or ``ROLLBACK``. ``%(pool)s``, ``%(known)s``, ``%(known_token)s`` (as ``SNAPSHOT``).
+#: ``WRITE`` with ``COMMIT`` next, or ``ROLLBACK``. ``%(pool)s``, ``%(known)s``, ``%(known_token)s`` (as ``SNAPSHOT``),
+#: and ``%(stalled_ms)s``: a client that leaves the transaction idle this long (a frozen process, a host cut off
+#: from the network) has its session ended by the server, so the lock it holds stops nobody for longer; a dead
+#: client's connection is closed anyway, but a stalled one's stays open until TCP gives up, hours later.
 LOCK = f"""
 BEGIN ISOLATION LEVEL READ COMMITTED;
+SET LOCAL idle_in_transaction_session_timeout = %(stalled_ms)s;
 INSERT INTO delta_occ_lease_pools (name, next_seq) VALUES (%(pool)s, 1) ON CONFLICT (name) DO NOTHING;
 SELECT FROM delta_occ_lease_pools WHERE name = %(pool)s FOR UPDATE;
 {SNAPSHOT}"""
 
-#: A table's queue (``sql.SqlLeaseStore._transact_queued``): opens a transaction, waits for its advisory lock
+#: A table's queue (``sql.SqlLeaseStore._transact_queued``): opens a transaction (ended by the server when its
+#: client stalls, as ``LOCK``'s: ``%(stalled_ms)s``), waits for its advisory lock
 #: ``(%(queue_class)s, %(queue_key)s)`` (the second key a digest of the pool and the table), then reads the pool as
 #: ``SNAPSHOT`` does, in one round trip. The lock orders the processes deciding on one table, so they stop missing
 #: each other's writes; it decides nothing: every write stays conditional, so a digest two tables share only
@@ -162,6 +167,7 @@ SELECT FROM delta_occ_lease_pools WHERE name = %(pool)s FOR UPDATE;
 #: connection that a transaction-pooling PgBouncer gives to another client.
 QUEUE = f"""
 BEGIN ISOLATION LEVEL READ COMMITTED;
+SET LOCAL idle_in_transaction_session_timeout = %(stalled_ms)s;
 SELECT pg_advisory_xact_lock(%(queue_class)s, %(queue_key)s);
 {SNAPSHOT}"""
 

@@ -58,6 +58,11 @@ SCHEMA_LOCK_KEY = 0x44454C54414F4343  # "DELTAOCC": the advisory lock that seria
 #: How many times an operation decides in its table's queue (``_transact_queued``) before it takes the pool's lock.
 QUEUED_TRIES = 3
 
+#: A transaction that holds a table's queue or a pool's lock and sits idle this long has its session ended by the
+#: server (``pg_statements.LOCK``): a decision takes milliseconds (under a second with a thousand waiters), so
+#: only a stalled client gets there, and the others of its table wait for it this long at most, not for hours.
+STALLED_TRANSACTION_MS = 30_000
+
 metadata = sa.MetaData()
 pools_table = sa.Table(
     "delta_occ_lease_pools", metadata,
@@ -290,12 +295,15 @@ class SqlLeaseStore(LeaseStore):
                     try:
                         answer = conn.exec_driver_sql(self._write_commit_and_tell, params).one()
                     except DBAPIError as exc:
-                        if exc.connection_invalidated:
-                            ended = True   # the server ended the transaction: committed, or not
-                            self._snapshots.pop(pool, None)
-                            if self._landed(pool, token):
-                                return result
-                        raise
+                        if not exc.connection_invalidated:
+                            raise
+                        # The server ended the session (a restart; or this client stalled in the queue, which
+                        # the server does not wait for: ``STALLED_TRANSACTION_MS``): committed, or not.
+                        ended = True
+                        self._snapshots.pop(pool, None)
+                        if self._landed(pool, token):
+                            return result
+                        continue
                     ended = True
                     if self._took(txn, revision, token, answer):
                         self.writes["landed"] += 1
@@ -917,10 +925,10 @@ class _Transaction:
 
 
 def _read_params(pool: str, known: _Snapshot | None) -> dict[str, Any]:
-    """Parameters of ``pg_statements.SNAPSHOT`` and ``LOCK``: the pool, and the revision (and its write's token)
-    whose rows are in hand."""
+    """Parameters of ``pg_statements.SNAPSHOT``, ``LOCK`` and ``QUEUE``: the pool, the revision (and its write's
+    token) whose rows are in hand, and how long a transaction may sit idle."""
     return {"pool": pool, "known": -1 if known is None else known.revision,
-            "known_token": None if known is None else known.token}
+            "known_token": None if known is None else known.token, "stalled_ms": int(STALLED_TRANSACTION_MS)}
 
 
 def _changed_values(row: Row) -> dict[str, Any]:

@@ -58,6 +58,7 @@ from _report import write_section  # noqa: E402 (run as a script: benchmarks/ is
 
 from airflow_delta_occ.engine import DeltaLog, Snapshot  # noqa: E402
 from airflow_delta_occ.engine.planner import TableState, plan_footprint  # noqa: E402
+from airflow_delta_occ.pools.leases import sql  # noqa: E402
 from airflow_delta_occ.pools.leases.sql import SqlLeaseStore  # noqa: E402
 from airflow_delta_occ.pools.requests import LeaseRequest, LeaseStatus  # noqa: E402
 
@@ -110,6 +111,7 @@ class LoadSpec:
     conflict_share: float
     pool_per_process: bool
     interval: float | None = None   # paced: seconds from one pair's start to the next (None: as fast as it can)
+    queued: bool = True   # tables' queues on (off: how the release before decided, ``sql.QUEUED``)
 
 
 def load_worker(spec: LoadSpec, barrier: Any, done: Any, out: Any) -> None:
@@ -130,6 +132,7 @@ def load_worker(spec: LoadSpec, barrier: Any, done: Any, out: Any) -> None:
 
 
 def _load(spec: LoadSpec, barrier: Any, done: Any, out: Any) -> None:
+    sql.QUEUED = spec.queued   # this worker process's own module
     store = SqlLeaseStore(spec.url)
     snapshot = DeltaLog.for_table(spec.table).snapshot()
     pool = f"bench-{spec.index}" if spec.pool_per_process else "bench"
@@ -187,14 +190,13 @@ class LoadResult:
 
     @property
     def missed_share(self) -> str:
-        """Optimistic writes that missed (the pool moved between read and write), operations that fell back to
-        the pool's lock, and optimistic writes that landed on a pool that had moved on other tables only, as
-        shares of the operations."""
+        """Optimistic writes that missed (the pool moved between read and write), reads made in a table's
+        queue, operations that fell back to the pool's lock, and optimistic writes that landed on a pool that
+        had moved on other tables only, as shares of the operations."""
         ops = self.writes["landed"] + self.writes["locked"]
         if not ops:
             return "-"
-        return (f"{self.writes['missed'] / ops:.0%} / {self.writes['locked'] / ops:.0%} / "
-                f"{self.writes['landed_moved'] / ops:.0%}")
+        return " / ".join(f"{self.writes[kind] / ops:.0%}" for kind in ("missed", "queued", "locked", "landed_moved"))
 
     @property
     def cpu_per_grant_ms(self) -> float:
@@ -224,14 +226,15 @@ class LoadResult:
 
 def run_load(url: str, table: str, *, processes: int, seconds: float, conflict_share: float,
              pool_per_process: bool, store: str, workload: str, data_dir: Path | None,
-             offered: float | None = None) -> LoadResult:
+             offered: float | None = None, queued: bool = True) -> LoadResult:
     """Spawn the workers (each opens its own store: SQLAlchemy engines must not cross fork), start them together."""
     ctx = multiprocessing.get_context("spawn")
     barrier, done = ctx.Barrier(processes + 1), ctx.Barrier(processes + 1)
     out = ctx.Queue()
     workers = [ctx.Process(target=load_worker, args=(LoadSpec(url, table, i, seconds, conflict_share,
                                                               pool_per_process,
-                                                              None if offered is None else processes / offered),
+                                                              None if offered is None else processes / offered,
+                                                              queued),
                                                      barrier, done, out))
                for i in range(processes)]
     SqlLeaseStore(url).close()  # the schema exists before the workers race to create it
@@ -554,20 +557,24 @@ def main() -> None:
             versions = [v for _, _, _, v in backends]
             for name, url, data_dir, _ in backends:
                 profiles.append(profile(url, table, name, args.profile_ops))
-                scenarios: list[tuple[str, float, bool, float | None]] = [
-                    ("disjoint", 0.0, False, None),
-                    (f"mixed ({args.conflict_share:.0%} OPTIMIZE)", args.conflict_share, False, None)]
+                mixed = f"mixed ({args.conflict_share:.0%} OPTIMIZE)"
+                scenarios: list[tuple[str, float, bool, float | None, bool]] = [
+                    ("disjoint", 0.0, False, None, True), (mixed, args.conflict_share, False, None, True)]
                 if name == "PostgreSQL":
-                    scenarios.append(("disjoint, one pool per process", 0.0, True, None))
+                    scenarios += [("disjoint, no tables' queues (before)", 0.0, False, None, False),
+                                  (f"{mixed}, no tables' queues (before)", args.conflict_share, False, None, False),
+                                  ("disjoint, one pool per process", 0.0, True, None, True)]
                     for offered in args.offered:
-                        scenarios += [(f"disjoint, paced at {offered:g} grants/s", 0.0, False, offered),
+                        scenarios += [(f"disjoint, paced at {offered:g} grants/s", 0.0, False, offered, True),
+                                      (f"disjoint, no tables' queues (before), paced at {offered:g} grants/s", 0.0,
+                                       False, offered, False),
                                       (f"disjoint, one pool per process, paced at {offered:g} grants/s", 0.0, True,
-                                       offered)]
-                for workload, share, per_process, offered in scenarios:
+                                       offered, True)]
+                for workload, share, per_process, offered, queued in scenarios:
                     print(f"{name}: {workload} ...", file=sys.stderr)
                     loads.append(run_load(url, table, processes=args.processes, seconds=args.seconds,
                                           conflict_share=share, pool_per_process=per_process, store=name,
-                                          workload=workload, data_dir=data_dir, offered=offered))
+                                          workload=workload, data_dir=data_dir, offered=offered, queued=queued))
                     print(load_row(loads[-1]), file=sys.stderr)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -598,13 +605,14 @@ def render(args: argparse.Namespace, loads: list[LoadResult], profiles: list[Pro
         f"{args.load_average:.2f} (the machine is shared: other work there takes cores from this run).",
         "",
         "| store | workload | grants | grants/s | granted at once | p50 acquire (ms) | p99 acquire (ms) | "
-        "max acquire (ms) | waited | p50 wait (ms) | CPU per grant (ms) | CPU busy | writes missed / locked / "
-        "landed past others |",
+        "max acquire (ms) | waited | p50 wait (ms) | CPU per grant (ms) | CPU busy | writes missed / queued / "
+        "locked / landed past others |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *(load_row(r) for r in loads),
     ]
     lines.append("")
-    for goal in (r for r in loads if r.store == "PostgreSQL" and r.workload.startswith("disjoint")):
+    for goal in (r for r in loads if r.store == "PostgreSQL" and r.workload.startswith("disjoint")
+                 and "(before)" not in r.workload):
         p99 = quantile([x * 1000 for x in goal.immediate], 0.99)
         line = (f"- Goal \"p99 acquire under {P99_GOAL_MS:g} ms\" (PostgreSQL, {goal.workload}): {p99:.1f} ms: "
                 f"{verdict(p99 < P99_GOAL_MS)}")
@@ -614,11 +622,13 @@ def render(args: argparse.Namespace, loads: list[LoadResult], profiles: list[Pro
         else:
             line += f" ({goal.per_second:,.0f} grants/s achieved of {goal.offered:g} offered)."
         lines.append(line)
-    lines.append("*writes missed / locked / landed past others* (PostgreSQL): optimistic writes that found their "
-                 "tables changed since the read they decided on, operations that took the pool's row lock (a "
-                 "write decided on a fresh read, after a miss, that missed again), "
-                 "and optimistic writes that landed although the pool had moved, on other tables only, per "
-                 "operation.")
+    lines.append("*writes missed / queued / locked / landed past others* (PostgreSQL): optimistic writes that found "
+                 "their tables changed since the read they decided on, reads made in a table's queue, operations "
+                 "that took the pool's row lock (with the queues: three misses in the queue; without: a write "
+                 "decided on a fresh read, after a miss, that missed again), and optimistic writes that landed "
+                 "although the pool had moved, on other tables only, per operation. *no tables' queues (before)*: "
+                 "the same load with `sql.QUEUED` off in the workers, as the release before decided, in the same "
+                 "run.")
     lines += [
         "",
         f"Where the time goes: one process alone, {args.profile_ops} acquire -> release pairs on one pool with another "

@@ -55,6 +55,10 @@ OPTIMISTIC = True
 
 SCHEMA_LOCK_KEY = 0x44454C54414F4343  # "DELTAOCC": the advisory lock that serializes schema creation
 
+#: Whether operations whose table is known read their pool in the table's queue (``_transact_queued``). Off, they
+#: decide as the release before did (a benchmark compares both in one run, ``benchmarks/leases.py``).
+QUEUED = True
+
 #: How many times an operation decides in its table's queue (``_transact_queued``) before it takes the pool's lock.
 QUEUED_TRIES = 3
 
@@ -220,7 +224,7 @@ class SqlLeaseStore(LeaseStore):
         """``_transact`` on PostgreSQL, with the write statement this process uses."""
         if not OPTIMISTIC:
             return self._transact_locked(pool, body)
-        if table is not None and (pool in self._busy or pool not in self._snapshots):
+        if QUEUED and table is not None and (pool in self._busy or pool not in self._snapshots):
             return self._transact_queued(pool, table, body)   # a read is due: made in the table's queue
         snapshot = None if pool in self._busy else self._snapshots.get(pool)
         fresh = snapshot is None
@@ -247,7 +251,7 @@ class SqlLeaseStore(LeaseStore):
                 return result
             self.writes["missed"] += 1
             self._busy.add(pool)
-            if table is not None:
+            if QUEUED and table is not None:
                 return self._transact_queued(pool, table, body)
             if fresh:
                 break

@@ -143,21 +143,31 @@ WITH bump AS (
 SELECT (SELECT next_seq FROM bump) AS applied, extract(epoch FROM clock_timestamp())::numeric AS db_now
 """
 
+#: Bounds how long the transaction it runs in may sit idle (``%(stalled_ms)s``): the server then ends the session,
+#: and the lock it holds with it. A stricter limit the database or role already sets is kept.
+_STALL_LIMIT = """SELECT set_config('idle_in_transaction_session_timeout',
+    (SELECT CASE WHEN t.ms > 0 AND t.ms < %(stalled_ms)s THEN t.ms ELSE %(stalled_ms)s END
+     FROM (SELECT extract(epoch FROM current_setting('idle_in_transaction_session_timeout')::interval) * 1000 AS ms)
+          AS t)::bigint::text, true);"""
+
 #: Opens a transaction, takes the pool's row lock (a new pool's row is made first), then reads the pool: after
 #: the lock, so the read is current. One round trip (several statements in one message); the caller sends
 #: ``WRITE`` with ``COMMIT`` next, or ``ROLLBACK``. ``%(pool)s``, ``%(known)s``, ``%(known_token)s`` (as ``SNAPSHOT``),
 #: and ``%(stalled_ms)s``: a client that leaves the transaction idle this long (a frozen process, a host cut off
 #: from the network) has its session ended by the server, so the lock it holds stops nobody for longer; a dead
-#: client's connection is closed anyway, but a stalled one's stays open until TCP gives up, hours later.
+#: client's connection is closed anyway, but a stalled one's stays open until TCP gives up, hours later. (A
+#: client that stalls while the server still sends it a large answer is not idle: TCP ends that one.)
 LOCK = f"""
 BEGIN ISOLATION LEVEL READ COMMITTED;
-SET LOCAL idle_in_transaction_session_timeout = %(stalled_ms)s;
+{_STALL_LIMIT}
 INSERT INTO delta_occ_lease_pools (name, next_seq) VALUES (%(pool)s, 1) ON CONFLICT (name) DO NOTHING;
 SELECT FROM delta_occ_lease_pools WHERE name = %(pool)s FOR UPDATE;
 {SNAPSHOT}"""
 
 #: A table's queue (``sql.SqlLeaseStore._transact_queued``): opens a transaction (ended by the server when its
-#: client stalls, as ``LOCK``'s: ``%(stalled_ms)s``), waits for its advisory lock
+#: client stalls, as ``LOCK``'s: ``%(stalled_ms)s``), waits at most ``%(queue_wait_ms)s`` (``lock_timeout`` for
+#: this wait only; then the caller decides without the queue, so a lock on the key held by anybody else delays
+#: an operation, never stops it) for its advisory lock
 #: ``(%(queue_class)s, %(queue_key)s)`` (the second key a digest of the pool and the table), then reads the pool as
 #: ``SNAPSHOT`` does, in one round trip. The lock orders the processes deciding on one table, so they stop missing
 #: each other's writes; it decides nothing: every write stays conditional, so a digest two tables share only
@@ -167,8 +177,11 @@ SELECT FROM delta_occ_lease_pools WHERE name = %(pool)s FOR UPDATE;
 #: connection that a transaction-pooling PgBouncer gives to another client.
 QUEUE = f"""
 BEGIN ISOLATION LEVEL READ COMMITTED;
-SET LOCAL idle_in_transaction_session_timeout = %(stalled_ms)s;
+{_STALL_LIMIT}
+SELECT set_config('delta_occ.outer_lock_timeout', current_setting('lock_timeout'), true),
+       set_config('lock_timeout', %(queue_wait_ms)s::text, true);
 SELECT pg_advisory_xact_lock(%(queue_class)s, %(queue_key)s);
+SELECT set_config('lock_timeout', current_setting('delta_occ.outer_lock_timeout'), true);
 {SNAPSHOT}"""
 
 #: The first key of every table queue's lock ("DELT"): two-key advisory locks of one class, apart from the
@@ -178,9 +191,11 @@ QUEUE_CLASS: Final = 0x44454C54
 #: Sent after ``WRITE`` and ``COMMIT`` in one message (whose answer is its last statement's): whether the write
 #: with ``%(token)s`` landed, as ``WRITE``'s answer says it (``applied``: the revision it made, NULL when it did
 #: not land; ``db_now``). The pool keeps the tokens of its last 64 revisions, so writes that land between the
-#: commit and this read do not hide it.
+#: commit and this read do not hide it. Also how a writer whose answer was lost with its connection learns
+#: whether its write landed (``sql.SqlLeaseStore._landed``).
 OUTCOME = """
-SELECT (SELECT e.key::bigint FROM jsonb_each_text(p.recent_tokens) AS e WHERE e.value = %(token)s) AS applied,
+SELECT COALESCE((SELECT e.key::bigint FROM jsonb_each_text(p.recent_tokens) AS e WHERE e.value = %(token)s),
+                CASE WHEN p.write_token = %(token)s THEN p.next_seq END) AS applied,
        extract(epoch FROM clock_timestamp())::numeric AS db_now
 FROM (SELECT 1) AS one
 LEFT JOIN delta_occ_lease_pools AS p ON p.name = %(pool)s
@@ -275,3 +290,6 @@ def call_write(schema: str) -> str:
 #: PostgreSQL's error codes for a function that does not exist (``undefined_function``; also an operator that
 #: does not exist, so the message is checked too) and for one this role may not run (``insufficient_privilege``).
 UNDEFINED_FUNCTION, INSUFFICIENT_PRIVILEGE = "42883", "42501"
+
+#: PostgreSQL's error code for a lock not granted within ``lock_timeout`` (a table's queue, ``QUEUE``).
+LOCK_NOT_AVAILABLE: Final = "55P03"

@@ -6,10 +6,12 @@ Atomicity comes from the database:
   writes with one statement that lands only if the pool row's revision is still the one its decision read,
   or if the pool moved on other tables only (``pg_statements``); otherwise nothing lands, and the operation
   decides again on a fresh read. One round trip per operation while nobody else changes its tables in
-  between, and no lock is held while a client decides. A process whose write missed reads the pool before
-  each decision on it (two round trips) until nobody else wrote the pool between two of its operations;
-  a write decided on a fresh read that misses again is decided under the pool row's lock (``SELECT ...
-  FOR UPDATE``), so every operation ends. Pools never block each other.
+  between, and no lock is held while a client decides on a view it remembers. A process whose write missed
+  reads the pool before each decision on it (two round trips) until nobody else wrote the pool between two
+  of its operations; an operation whose table is known makes that read in the table's queue, which orders
+  the deciders of one table (``_transact_queued``), and the write then ends the queue's turn. A write that
+  keeps missing is decided under the pool row's lock (``SELECT ... FOR UPDATE``), so every operation ends.
+  Pools never block each other.
 * SQLite: ``BEGIN IMMEDIATE`` takes the database's write lock before anything is read (WAL journal,
   so listings still read while a decision is made). One host only: SQLite's locks do not work on
   network file systems.
@@ -20,11 +22,11 @@ a SQLAlchemy URL and imports no Airflow; the Airflow layer resolves a connection
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
 import uuid
-import zlib
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
@@ -66,6 +68,11 @@ QUEUED_TRIES = 3
 #: server (``pg_statements.LOCK``): a decision takes milliseconds (under a second with a thousand waiters), so
 #: only a stalled client gets there, and the others of its table wait for it this long at most, not for hours.
 STALLED_TRANSACTION_MS = 30_000
+
+#: How long an operation waits to enter its table's queue before it decides without it: the queue's turns are
+#: decisions of milliseconds, so only a lock on the queue's key held by somebody else (any role may take advisory
+#: locks) waits this long, and it then delays operations, never stops them.
+QUEUE_WAIT_MS = 10_000
 
 metadata = sa.MetaData()
 pools_table = sa.Table(
@@ -147,11 +154,12 @@ class SqlLeaseStore(LeaseStore):
         self._known_pools: set[str] = set()
         self._snapshots: dict[str, _Snapshot] = {}   # each pool as this process last saw it (PostgreSQL)
         self._decoded: dict[str, dict[tuple[Any, ...], Row]] = {}   # its rows as read, decoded (``_decoded_rows``)
-        self._busy: set[str] = set()   # pools other processes write too: operations on them take the lock
+        self._busy: set[str] = set()   # pools other processes write too: operations on them read first
         self._written: dict[str, int] = {}   # each pool's revision after this process's last write to it
         self._clock_offset = 0.0   # the database's clock minus this host's, at the last statement
-        #: How this process's writes went on PostgreSQL: ``landed`` and ``missed`` optimistic writes, operations
-        #: that fell back to the ``locked`` path (what a benchmark reports; nothing decides on it).
+        #: How this process's writes went on PostgreSQL: ``landed`` and ``missed`` optimistic writes (``landed_moved``:
+        #: landed past other tables' writes), reads made in a table's ``queued`` (``queue_timed_out``: not let in),
+        #: operations that fell back to the ``locked`` path (what a benchmark reports; nothing decides on it).
         self.writes: Counter[str] = Counter()
         #: PostgreSQL's conditional write as sent: through its server-side function (``pg_statements``), or
         #: as the plain statement where the function could not be made.
@@ -201,7 +209,9 @@ class SqlLeaseStore(LeaseStore):
         then decides again on a fresh read, and reads before it decides on that pool (``_busy``) until it
         finds nobody else wrote it between two of its own operations. Only a write decided on a fresh read
         that misses again takes the pool's lock (``_transact_locked``), for that operation: the lock stops
-        every writer of the pool while this client decides, so it is the last resort, not the busy mode.
+        every writer of the pool while this client decides, so it is the last resort, not the busy mode. An
+        operation whose table is known (``table``) makes its reads in the table's queue instead
+        (``_transact_queued``), and takes the pool's lock only after misses there.
         """
         if self.dialect != "postgresql":
             return super()._transact(pool, body)
@@ -224,8 +234,13 @@ class SqlLeaseStore(LeaseStore):
         """``_transact`` on PostgreSQL, with the write statement this process uses."""
         if not OPTIMISTIC:
             return self._transact_locked(pool, body)
-        if QUEUED and table is not None and (pool in self._busy or pool not in self._snapshots):
-            return self._transact_queued(pool, table, body)   # a read is due: made in the table's queue
+        queue = table if QUEUED else None
+        if queue is not None and (pool in self._busy or pool not in self._snapshots):
+            try:
+                return self._transact_queued(pool, queue, body)   # a read is due: made in the table's queue
+            except _QueueTimedOut:
+                queue = None   # decided without the queue, on a fresh read
+                self._busy.add(pool)
         snapshot = None if pool in self._busy else self._snapshots.get(pool)
         fresh = snapshot is None
         if snapshot is None:
@@ -251,8 +266,11 @@ class SqlLeaseStore(LeaseStore):
                 return result
             self.writes["missed"] += 1
             self._busy.add(pool)
-            if QUEUED and table is not None:
-                return self._transact_queued(pool, table, body)
+            if queue is not None:
+                try:
+                    return self._transact_queued(pool, queue, body)
+                except _QueueTimedOut:
+                    queue = None
             if fresh:
                 break
             snapshot, fresh = self._snapshot(pool), True
@@ -271,8 +289,12 @@ class SqlLeaseStore(LeaseStore):
         and a write were: the queue with the read; the write with its commit and its outcome. A write that
         misses anyway (a process outside the queue wrote the table) queues again, up to ``QUEUED_TRIES`` times;
         then the operation is decided under the pool's lock.
+
+        Raises:
+            _QueueTimedOut: the queue's lock did not come within ``QUEUE_WAIT_MS`` (nothing was decided).
         """
-        queue = {"queue_class": pg_statements.QUEUE_CLASS, "queue_key": _queue_key(pool, table)}
+        queue = {"queue_class": pg_statements.QUEUE_CLASS, "queue_key": _queue_key(pool, table),
+                 "queue_wait_ms": int(QUEUE_WAIT_MS)}
         with self._errors(f"queue for table {table!r} of pool {pool!r}"):
             for attempt in range(QUEUED_TRIES):
                 conn = self.engine.connect()   # autocommit (``_engine``): the BEGIN in QUEUE is the server's
@@ -284,6 +306,9 @@ class SqlLeaseStore(LeaseStore):
                     except DBAPIError as exc:
                         if attempt == 0 and exc.connection_invalidated:
                             continue   # a pooled connection the server had dropped: one more try on a new one
+                        if getattr(exc.orig, "pgcode", None) == pg_statements.LOCK_NOT_AVAILABLE:
+                            self.writes["queue_timed_out"] += 1
+                            raise _QueueTimedOut() from exc   # (``finally`` rolls the transaction back)
                         raise
                     self.writes["queued"] += 1
                     snapshot = self._snapshot_of(pool, rows, known)
@@ -299,10 +324,11 @@ class SqlLeaseStore(LeaseStore):
                     try:
                         answer = conn.exec_driver_sql(self._write_commit_and_tell, params).one()
                     except DBAPIError as exc:
-                        if not exc.connection_invalidated:
-                            raise
+                        if not exc.connection_invalidated and not _transaction_ended(conn):
+                            raise   # the write failed: its transaction is rolled back in ``finally``
                         # The server ended the session (a restart; or this client stalled in the queue, which
-                        # the server does not wait for: ``STALLED_TRANSACTION_MS``): committed, or not.
+                        # the server does not wait for: ``STALLED_TRANSACTION_MS``), or the outcome failed after
+                        # the commit: committed, or not.
                         ended = True
                         self._snapshots.pop(pool, None)
                         if self._landed(pool, token):
@@ -491,10 +517,14 @@ class SqlLeaseStore(LeaseStore):
                 "limited": limited, **txn.changes_as_json()}
 
     def _landed(self, pool: str, token: str) -> bool:
-        """Whether the write with ``token`` landed, its answer lost with the connection: only the last write's
-        token is kept, so a write that others followed since counts as not landed (decided again: a release
-        then finds its lease gone, a renewal renews once more)."""
-        return self._snapshot(pool).token == token
+        """Whether the write with ``token`` landed, its answer lost with the connection (``pg_statements.OUTCOME``:
+        the pool keeps its last 64 revisions' tokens, so later writes, on other tables too, do not hide it; one
+        that 64 writes followed counts as not landed, and is decided again: a release then finds its lease gone,
+        a renewal renews once more)."""
+        self._snapshots.pop(pool, None)
+        answer = self._reads(f"read pool {pool!r}", lambda conn: conn.exec_driver_sql(
+            pg_statements.OUTCOME, {"pool": pool, "token": token}).one())
+        return answer.applied is not None
 
     @contextmanager
     def _locked(self, pool: str) -> Iterator[PoolTransaction]:
@@ -1039,8 +1069,23 @@ def _run(dbapi_connection: Any, statement: str) -> None:
 
 def _queue_key(pool: str, table: str) -> int:
     """The second key of a table's queue lock (``pg_statements.QUEUE``): a digest of the pool and the table, as a
-    signed 32-bit integer, the same in every process (Python's ``hash`` is not)."""
-    return zlib.crc32(f"{pool}\0{table}".encode()) - 2**31
+    signed 32-bit integer, the same in every process (Python's ``hash`` is not). A cryptographic digest, so that
+    a table name cannot be picked to share another table's queue as cheaply as a CRC's."""
+    digest = hashlib.blake2b(f"{pool}\0{table}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def _transaction_ended(conn: Connection) -> bool:
+    """Whether ``conn``'s server-side transaction is over (committed or rolled back), after an error: a message's
+    statements after its COMMIT failed, not the write before it."""
+    import psycopg2.extensions
+
+    dbapi = conn.connection.dbapi_connection
+    return dbapi is not None and dbapi.info.transaction_status == psycopg2.extensions.TRANSACTION_STATUS_IDLE
+
+
+class _QueueTimedOut(Exception):
+    """A table's queue did not let this operation in within ``QUEUE_WAIT_MS``."""
 
 
 def _roll_back(conn: Connection) -> None:

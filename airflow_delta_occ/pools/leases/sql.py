@@ -346,6 +346,15 @@ class SqlLeaseStore(LeaseStore):
         self.writes["locked"] += 1
         return self._transact_locked(pool, body)
 
+    def _table_hint(self, pool: str, request_id: str) -> str | None:
+        """``LeaseStore._table_hint``, also for a request another process made (a waiter resumed in a worker,
+        polled by a triggerer): its table as the pool this process remembers shows it."""
+        known = super()._table_hint(pool, request_id)
+        snapshot = self._snapshots.get(pool)
+        if known is not None or snapshot is None:
+            return known
+        return next((r.record.table for r in snapshot.rows if r.request_id == request_id), None)
+
     def _transaction(self, pool: str, snapshot: _Snapshot, fresh: bool) -> _Transaction:
         return _Transaction(None, pool, self._decision_time(snapshot, fresh), max(snapshot.revision, 1), self,
                             _rows={r.request_id: r for r in snapshot.rows})

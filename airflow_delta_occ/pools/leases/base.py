@@ -125,16 +125,12 @@ class LeaseStore(ABC):
     def __init__(self, *, judge: PairJudge | None = None) -> None:
         self.judge = judge or PairJudge()
         self._pool_of: dict[str, str] = {}   # this process's requests: their pool never changes
-        self._table_of: dict[str, str] = {}   # and their table (a hint for ``_transact``: it never changes either)
+        # and their table, also of requests found by ``_locate`` (a hint for ``_transact``: it never changes either)
+        self._table_of: dict[str, str] = {}
         self._pool_sizes: dict[str, int] = {}   # live requests per pool, as this process last saw them
 
     def _pool(self, request_id: str) -> str | None:
         return self._pool_of.get(request_id) or self._locate(request_id)
-
-    def _table_hint(self, pool: str, request_id: str) -> str | None:
-        """The table of ``request_id``, when this process knows it without a read (``_transact``'s hint): the
-        request's table never changes, so an old view tells it as well as a new one."""
-        return self._table_of.get(request_id)
 
     # -- storage, per store ----------------------------------------------------------------------
     @abstractmethod
@@ -318,7 +314,7 @@ class LeaseStore(ABC):
                     if isinstance(answers.get(request_id), LeaseState)]
         try:
             tables = {found.record.table if (found := read.by_id.get(request_id)) is not None
-                      else self._table_hint(pool, request_id) for request_id, _ in pending}
+                      else self._table_of.get(request_id) for request_id, _ in pending}
             states, refused, after = self._transact(pool, lambda txn: self._poll_due(txn, pending),
                                                     table=tables.pop() if len(tables) == 1 else None)
         except _Refused as refusal:   # nobody here owns what it polled: nothing is changed (invariant 6)
@@ -410,7 +406,7 @@ class LeaseStore(ABC):
             return None, size
 
         if pool is not None:
-            renewed, self._pool_sizes[pool] = self._transact(pool, body, table=self._table_hint(pool, request_id))
+            renewed, self._pool_sizes[pool] = self._transact(pool, body, table=self._table_of.get(request_id))
             if renewed is not None:
                 return renewed
         raise LeaseLostError(f"lease {request_id} of {owner!r} is gone: it was released, or expired because its "
@@ -424,7 +420,7 @@ class LeaseStore(ABC):
         """
         pool = self._pool(request_id)
         self._pool_of.pop(request_id, None)
-        table = self._table_of.pop(request_id, None) or (None if pool is None else self._table_hint(pool, request_id))
+        table = self._table_of.pop(request_id, None)
         if pool is None:
             return False
         if self._pool_sizes.get(pool, 0) >= PREWARM_ROWS:

@@ -150,6 +150,18 @@ _STALL_LIMIT = """SELECT set_config('idle_in_transaction_session_timeout',
      FROM (SELECT extract(epoch FROM current_setting('idle_in_transaction_session_timeout')::interval) * 1000 AS ms)
           AS t)::bigint::text, true);"""
 
+#: Sets ``lock_timeout`` for the wait to enter a table's queue: ``%(queue_wait_ms)s``, or less where the server
+#: would stop the wait sooner (its own ``lock_timeout``; half its ``statement_timeout`` or ``transaction_timeout``,
+#: so that the wait ends as a lock timeout, which the caller takes as "decide without the queue", and not as a
+#: cancelled statement or an ended session).
+_QUEUE_WAIT = """SELECT set_config('lock_timeout', (SELECT LEAST(%(queue_wait_ms)s,
+        CASE WHEN t.lock_ms > 0 THEN t.lock_ms END, CASE WHEN t.statement_ms > 0 THEN t.statement_ms / 2 END,
+        CASE WHEN t.transaction_ms > 0 THEN t.transaction_ms / 2 END)
+    FROM (SELECT extract(epoch FROM current_setting('lock_timeout')::interval) * 1000 AS lock_ms,
+                 extract(epoch FROM current_setting('statement_timeout')::interval) * 1000 AS statement_ms,
+                 extract(epoch FROM current_setting('transaction_timeout', true)::interval) * 1000 AS transaction_ms)
+         AS t)::bigint::text, true);"""
+
 #: Opens a transaction, takes the pool's row lock (a new pool's row is made first), then reads the pool: after
 #: the lock, so the read is current. One round trip (several statements in one message); the caller sends
 #: ``WRITE`` with ``COMMIT`` next, or ``ROLLBACK``. ``%(pool)s``, ``%(known)s``, ``%(known_token)s`` (as ``SNAPSHOT``),
@@ -178,8 +190,8 @@ SELECT FROM delta_occ_lease_pools WHERE name = %(pool)s FOR UPDATE;
 QUEUE = f"""
 BEGIN ISOLATION LEVEL READ COMMITTED;
 {_STALL_LIMIT}
-SELECT set_config('delta_occ.outer_lock_timeout', current_setting('lock_timeout'), true),
-       set_config('lock_timeout', %(queue_wait_ms)s::text, true);
+SELECT set_config('delta_occ.outer_lock_timeout', current_setting('lock_timeout'), true);
+{_QUEUE_WAIT}
 SELECT pg_advisory_xact_lock(%(queue_class)s, %(queue_key)s);
 SELECT set_config('lock_timeout', current_setting('delta_occ.outer_lock_timeout'), true);
 {SNAPSHOT}"""

@@ -74,6 +74,9 @@ STALLED_TRANSACTION_MS = 30_000
 #: locks) waits this long, and it then delays operations, never stops them.
 QUEUE_WAIT_MS = 10_000
 
+#: How long a process decides without a table's queue after it was not let in (``_queue_open``).
+QUEUE_SKIP_SECONDS = 60.0
+
 metadata = sa.MetaData()
 pools_table = sa.Table(
     "delta_occ_lease_pools", metadata,
@@ -155,6 +158,7 @@ class SqlLeaseStore(LeaseStore):
         self._snapshots: dict[str, _Snapshot] = {}   # each pool as this process last saw it (PostgreSQL)
         self._decoded: dict[str, dict[tuple[Any, ...], Row]] = {}   # its rows as read, decoded (``_decoded_rows``)
         self._busy: set[str] = set()   # pools other processes write too: operations on them read first
+        self._queue_closed: dict[tuple[str, str], float] = {}   # (pool, table) -> when its queue is tried again
         self._written: dict[str, int] = {}   # each pool's revision after this process's last write to it
         self._clock_offset = 0.0   # the database's clock minus this host's, at the last statement
         #: How this process's writes went on PostgreSQL: ``landed`` and ``missed`` optimistic writes (``landed_moved``:
@@ -234,7 +238,7 @@ class SqlLeaseStore(LeaseStore):
         """``_transact`` on PostgreSQL, with the write statement this process uses."""
         if not OPTIMISTIC:
             return self._transact_locked(pool, body)
-        queue = table if QUEUED else None
+        queue = table if QUEUED and self._queue_open(pool, table) else None
         if queue is not None and (pool in self._busy or pool not in self._snapshots):
             try:
                 return self._transact_queued(pool, queue, body)   # a read is due: made in the table's queue
@@ -308,6 +312,7 @@ class SqlLeaseStore(LeaseStore):
                             continue   # a pooled connection the server had dropped: one more try on a new one
                         if getattr(exc.orig, "pgcode", None) == pg_statements.LOCK_NOT_AVAILABLE:
                             self.writes["queue_timed_out"] += 1
+                            self._queue_closed[(pool, table)] = time.monotonic() + QUEUE_SKIP_SECONDS
                             raise _QueueTimedOut() from exc   # (``finally`` rolls the transaction back)
                         raise
                     self.writes["queued"] += 1
@@ -328,10 +333,9 @@ class SqlLeaseStore(LeaseStore):
                             raise   # the write failed: its transaction is rolled back in ``finally``
                         # The server ended the session (a restart; or this client stalled in the queue, which
                         # the server does not wait for: ``STALLED_TRANSACTION_MS``), or the outcome failed after
-                        # the commit: committed, or not.
+                        # the commit: committed, or not. A live connection asks itself (no second one is taken).
                         ended = True
-                        self._snapshots.pop(pool, None)
-                        if self._landed(pool, token):
+                        if self._landed(pool, token, None if exc.connection_invalidated else conn):
                             return result
                         continue
                     ended = True
@@ -345,15 +349,6 @@ class SqlLeaseStore(LeaseStore):
                     conn.close()
         self.writes["locked"] += 1
         return self._transact_locked(pool, body)
-
-    def _table_hint(self, pool: str, request_id: str) -> str | None:
-        """``LeaseStore._table_hint``, also for a request another process made (a waiter resumed in a worker,
-        polled by a triggerer): its table as the pool this process remembers shows it."""
-        known = super()._table_hint(pool, request_id)
-        snapshot = self._snapshots.get(pool)
-        if known is not None or snapshot is None:
-            return known
-        return next((r.record.table for r in snapshot.rows if r.request_id == request_id), None)
 
     def _transaction(self, pool: str, snapshot: _Snapshot, fresh: bool) -> _Transaction:
         return _Transaction(None, pool, self._decision_time(snapshot, fresh), max(snapshot.revision, 1), self,
@@ -525,15 +520,30 @@ class SqlLeaseStore(LeaseStore):
                 "seen_token": snapshot.token,
                 "limited": limited, **txn.changes_as_json()}
 
-    def _landed(self, pool: str, token: str) -> bool:
+    def _landed(self, pool: str, token: str, conn: Connection | None = None) -> bool:
         """Whether the write with ``token`` landed, its answer lost with the connection (``pg_statements.OUTCOME``:
         the pool keeps its last 64 revisions' tokens, so later writes, on other tables too, do not hide it; one
         that 64 writes followed counts as not landed, and is decided again: a release then finds its lease gone,
         a renewal renews once more)."""
         self._snapshots.pop(pool, None)
-        answer = self._reads(f"read pool {pool!r}", lambda conn: conn.exec_driver_sql(
-            pg_statements.OUTCOME, {"pool": pool, "token": token}).one())
+
+        def read(c: Connection) -> Any:
+            return c.exec_driver_sql(pg_statements.OUTCOME, {"pool": pool, "token": token}).one()
+        answer = read(conn) if conn is not None else self._reads(f"read pool {pool!r}", read)
         return answer.applied is not None
+
+    def _queue_open(self, pool: str, table: str | None) -> bool:
+        """Whether operations on ``table`` use its queue: not for ``QUEUE_SKIP_SECONDS`` after one was not let
+        in (somebody holds its key, or a client stalled in it), so that each operation is not delayed again."""
+        if table is None:
+            return False
+        until = self._queue_closed.get((pool, table))
+        if until is None:
+            return True
+        if until > time.monotonic():
+            return False
+        del self._queue_closed[(pool, table)]
+        return True
 
     @contextmanager
     def _locked(self, pool: str) -> Iterator[PoolTransaction]:
@@ -624,9 +634,16 @@ class SqlLeaseStore(LeaseStore):
                    _remembered(r.blocker))
 
     def _locate(self, request_id: str) -> str | None:
-        pool = self._reads("find a request", lambda conn: conn.execute(
-            sa.select(leases_table.c.pool).where(leases_table.c.request_id == request_id)).scalar_one_or_none())
-        return None if pool is None else str(pool)
+        """The request's pool; its table is kept as ``_transact``'s hint (a waiter resumed in another process)."""
+        found = self._reads("find a request", lambda conn: conn.execute(
+            sa.select(leases_table.c.pool, leases_table.c.table_key)
+            .where(leases_table.c.request_id == request_id)).one_or_none())
+        if found is None:
+            return None
+        if len(self._table_of) > 10_000:
+            self._table_of.clear()
+        self._table_of[request_id] = str(found.table_key)
+        return str(found.pool)
 
     def records(self, *, pool: str | None = None, table: str | None = None) -> list[LeaseRecord]:
         query = sa.select(*_RECORD_COLUMNS).order_by(leases_table.c.pool, leases_table.c.seq)
@@ -1087,10 +1104,8 @@ def _queue_key(pool: str, table: str) -> int:
 def _transaction_ended(conn: Connection) -> bool:
     """Whether ``conn``'s server-side transaction is over (committed or rolled back), after an error: a message's
     statements after its COMMIT failed, not the write before it."""
-    import psycopg2.extensions
-
     dbapi = conn.connection.dbapi_connection
-    return dbapi is not None and dbapi.info.transaction_status == psycopg2.extensions.TRANSACTION_STATUS_IDLE
+    return dbapi is not None and dbapi.info.transaction_status == _IDLE
 
 
 class _QueueTimedOut(Exception):

@@ -533,6 +533,7 @@ def test_hostile_table_keys_are_compared_as_text_in_the_per_table_check(
     late = mine.acquire(request_for("c", "DELETE", "country = 'DE'", table_key=hostile))
     assert held.granted and late.status is LeaseStatus.WAITING and [b.owner for b in late.blockers] == ["b"]
     assert mine.writes["missed"] == 1
+    assert mine.writes["queued"] == 2   # both of mine's reads were made in the hostile table's queue, by its digest
     assert sorted(r.owner for r in theirs.records(pool="sales")) == ["a", "b", "by", "c"]
     assert bystander.granted and [r.table for r in theirs.records(pool="sales") if r.owner == "b"] == [hostile]
 

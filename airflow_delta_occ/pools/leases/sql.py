@@ -323,9 +323,8 @@ class SqlLeaseStore(LeaseStore):
                     result = body(txn)
                     if not txn.changes():
                         return result
-                    revision, token = txn.revision_after(snapshot.revision), uuid.uuid4().hex
-                    params = self._write_params(txn, snapshot, revision, token, checked=self.clock is None,
-                                                per_table=True)
+                    revision, token, params = self._write_params(txn, snapshot, checked=self.clock is None,
+                                                                 per_table=True)
                     try:
                         answer = conn.exec_driver_sql(self._write_commit_and_tell, params).one()
                     except DBAPIError as exc:
@@ -379,10 +378,8 @@ class SqlLeaseStore(LeaseStore):
                     txn = self._transaction(pool, snapshot, True)
                     result = body(txn)
                     if txn.changes():
-                        revision, token = txn.revision_after(snapshot.revision), uuid.uuid4().hex
                         # Its time is the database's, read under the lock: no clock check to miss on.
-                        params = self._write_params(txn, snapshot, revision, token, checked=False,
-                                                    per_table=False)
+                        revision, token, params = self._write_params(txn, snapshot, checked=False, per_table=False)
                         try:
                             conn.exec_driver_sql(self._write_and_commit, params)
                         except DBAPIError as exc:
@@ -479,8 +476,7 @@ class SqlLeaseStore(LeaseStore):
         transaction whose COMMIT may have landed unseen: the pool, read anew, carries the token of the last
         write that landed, so this one is known to have landed, or not to have.
         """
-        revision, token = txn.revision_after(snapshot.revision), uuid.uuid4().hex
-        params = self._write_params(txn, snapshot, revision, token, checked=self.clock is None, per_table=True)
+        revision, token, params = self._write_params(txn, snapshot, checked=self.clock is None, per_table=True)
         try:
             with self.engine.connect() as conn:   # autocommit (``_engine``): the statement commits itself
                 answer = conn.exec_driver_sql(self.write_statement, params).one()
@@ -509,13 +505,14 @@ class SqlLeaseStore(LeaseStore):
         return True
 
     @staticmethod
-    def _write_params(txn: _Transaction, snapshot: _Snapshot, revision: int, token: str, *, checked: bool,
-                      per_table: bool) -> dict[str, Any]:
-        """``pg_statements.WRITE``'s parameters. ``per_table``: the write may land on a pool that moved on other
-        tables only, which is sound only when no request read or written has a writer limit (the limit counts
-        every table's holders)."""
+    def _write_params(txn: _Transaction, snapshot: _Snapshot, *, checked: bool,
+                      per_table: bool) -> tuple[int, str, dict[str, Any]]:
+        """The revision ``txn``'s write makes on ``snapshot``'s, its new token, and ``pg_statements.WRITE``'s
+        parameters. ``per_table``: the write may land on a pool that moved on other tables only, which is sound
+        only when no request read or written has a writer limit (the limit counts every table's holders)."""
+        revision, token = txn.revision_after(snapshot.revision), uuid.uuid4().hex
         limited = any(r.max_writers is not None for r in (*snapshot.rows, *txn.written()))
-        return {"pool": txn.pool, "expected": snapshot.revision, "next_seq": revision, "now": txn.now,
+        return revision, token, {"pool": txn.pool, "expected": snapshot.revision, "next_seq": revision, "now": txn.now,
                 "token": token, "unchecked": not checked, "per_table": per_table and not limited and not txn.blind,
                 "seen_token": snapshot.token,
                 "limited": limited, **txn.changes_as_json()}

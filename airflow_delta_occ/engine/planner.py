@@ -99,7 +99,8 @@ class Operation(StrEnum):
     MAJOR_COMPACT = "MAJOR_COMPACT"
 
 
-_DELTA_OPERATION_NAME = {
+#: delta-spark's ``commitInfo.operation`` for each planned operation.
+DELTA_OPERATION_NAMES = {
     Operation.INSERT: "WRITE", Operation.INSERT_SELF_READ: "WRITE", Operation.MERGE: "MERGE",
     Operation.UPDATE: "UPDATE", Operation.DELETE: "DELETE", Operation.OPTIMIZE: "OPTIMIZE",
     Operation.OPTIMIZE_ZORDER: "OPTIMIZE", Operation.REPLACE_WHERE: "WRITE", Operation.OVERWRITE: "WRITE",
@@ -108,10 +109,11 @@ _DELTA_OPERATION_NAME = {
     Operation.MAJOR_COMPACT: "OPTIMIZE",
 }
 _DML = frozenset({Operation.MERGE, Operation.UPDATE, Operation.DELETE, Operation.INSERT_SELF_READ})
-_COMPACTIONS = frozenset({Operation.OPTIMIZE, Operation.OPTIMIZE_ZORDER, Operation.MINOR_COMPACT,
+#: Compactions: they rearrange files (``dataChange=false``) and change no row.
+COMPACTIONS = frozenset({Operation.OPTIMIZE, Operation.OPTIMIZE_ZORDER, Operation.MINOR_COMPACT,
                           Operation.MAJOR_COMPACT})
 # Operations that remove (rewrite) the files they select; their new files stay in those partitions.
-REWRITING_OPERATIONS = (_DML - {Operation.INSERT_SELF_READ}) | _COMPACTIONS | {Operation.REPLACE_WHERE,
+REWRITING_OPERATIONS = (_DML - {Operation.INSERT_SELF_READ}) | COMPACTIONS | {Operation.REPLACE_WHERE,
                                                                               Operation.OVERWRITE}
 
 
@@ -401,7 +403,7 @@ def plan_footprint(
     rewrites = op in REWRITING_OPERATIONS
     # A NOT MATCHED BY SOURCE MERGE rewrites every file it reads, not only those it selects (see above).
     removes = dict(read_files if op is Operation.MERGE else selected) if rewrites else {}
-    adds = op not in (Operation.SET_PROPERTIES, Operation.SCHEMA_CHANGE, Operation.CREATE_TABLE)
+    adds = adds_files(op)
     # Rewritten files stay in their partitions; inserted rows go where the source sends them.
     rewritten = {freeze_partition(pv) for pv in removes.values()}
     inserts_rows = op in (Operation.INSERT, Operation.INSERT_SELF_READ, Operation.MERGE, Operation.REPLACE_WHERE,
@@ -417,7 +419,7 @@ def plan_footprint(
             new_rows = None
     written = None if new_rows is None else tuple(dict(p) for p in sorted(rewritten | new_rows, key=repr))
     metadata, protocol = _planned_metadata(op, snapshot, properties)
-    data_change = op not in _COMPACTIONS and op not in (Operation.SET_PROPERTIES, Operation.SCHEMA_CHANGE)
+    data_change = changes_data(op)
     return Footprint(
         operation=op,
         label=label or op.value,
@@ -459,6 +461,16 @@ def _read_predicate(op: Operation, partition_part: Expr, reads_whole_table: bool
     if not _reads(op):
         return None
     return TRUE if reads_whole_table else partition_part
+
+
+def adds_files(op: Operation) -> bool:
+    """Whether the operation's commit adds data files (every one but a change of metadata alone)."""
+    return op not in (Operation.SET_PROPERTIES, Operation.SCHEMA_CHANGE, Operation.CREATE_TABLE)
+
+
+def changes_data(op: Operation) -> bool:
+    """Whether the files the operation commits change data (``dataChange``): not a compaction's."""
+    return op not in COMPACTIONS and op not in (Operation.SET_PROPERTIES, Operation.SCHEMA_CHANGE)
 
 
 def _reads(op: Operation) -> bool:
@@ -620,13 +632,13 @@ def _delta_verdict(winner: Footprint, loser: Footprint, snapshot: TableState, de
     pending = PendingCommit(
         read_version=snapshot.version, partition_schema=schema, read_protocol=snapshot.protocol,
         metadata=snapshot.metadata, protocol=snapshot.protocol, actions=loser_actions,
-        operation=_DELTA_OPERATION_NAME[loser.operation], read_predicates=read_predicates,
+        operation=DELTA_OPERATION_NAMES[loser.operation], read_predicates=read_predicates,
         read_files=loser.read_files, read_whole_table=loser.read_whole_table, read_app_ids=loser.read_app_ids,
     )
     winner_adds = _synthetic_adds(winner)
     win = WinningCommit(
         version=snapshot.version + 1,
-        operation=_DELTA_OPERATION_NAME[winner.operation],
+        operation=DELTA_OPERATION_NAMES[winner.operation],
         commit_info={"isBlindAppend": winner.blind_append},
         protocol=winner.protocol,
         metadata=winner.metadata,
@@ -637,7 +649,7 @@ def _delta_verdict(winner: Footprint, loser: Footprint, snapshot: TableState, de
         domains=frozenset(),
         adds_anywhere=winner.adds_files and winner.write_partitions is None,
     )
-    operation_changes_data = _DELTA_OPERATION_NAME[loser.operation] in DATA_CHANGING_OPERATIONS
+    operation_changes_data = DELTA_OPERATION_NAMES[loser.operation] in DATA_CHANGING_OPERATIONS
     level = isolation_to_use(loser_actions, operation_changes_data, table_level)
     try:
         check_winning_commit(pending, win, level)
@@ -664,7 +676,7 @@ def _databricks_verdict(winner: Footprint, loser: Footprint, snapshot: TableStat
     level = table_isolation_level(meta, IsolationLevel.WRITE_SERIALIZABLE)
     plain_optimize = {winner.operation, loser.operation} & {Operation.OPTIMIZE, Operation.MINOR_COMPACT,
                                                             Operation.MAJOR_COMPACT}
-    other = loser if winner.operation in _COMPACTIONS else winner
+    other = loser if winner.operation in COMPACTIONS else winner
     if dv and plain_optimize and other.operation in _DML and Operation.OPTIMIZE_ZORDER not in (
             winner.operation, loser.operation):
         return Verdict(False, model, f"OPTIMIZE without ZORDER BY and {other.label} do not conflict when deletion "

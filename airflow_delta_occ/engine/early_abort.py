@@ -1,0 +1,198 @@
+"""Early abort: while a job still runs, tell from the log alone that its commit is certain to fail.
+
+Delta checks a transaction against the commits that won while it ran only when it commits, after all
+its Spark work. A commit that lands early in a long job and that the job cannot survive is knowable
+much sooner: the same rules (``conflicts.check_winning_commit``) judge it as soon as it is in the log.
+The rules need what the job *records* (what it read) and what it *stages* (its actions); a running
+job has recorded only part of that and staged nothing yet. So this module judges the smallest commit
+the job is certain to make, and only says "doomed" when even that one fails:
+
+* **What it reads.** The partition part of its filter, exactly as delta-spark records it (the top-level
+  conjuncts over partition columns only, as the planner extracts them; ``TRUE`` for a whole-table read).
+  Files count as read only where nothing but partition pruning decides which files Spark scans (every
+  target conjunct is a partition conjunct, or the job reads the whole table), and only the files the
+  predicate holds for with certainty; otherwise no file counts as read (data skipping may drop it).
+* **What it stages.** One file action of its own kind (a data change, or a compaction's rearrangement),
+  nothing else: no metadata, protocol, domain or application-id action, and no removed file, because
+  the job may stage none of them. Every rule fails a larger commit whenever it fails this one (a
+  metadata change fails on any winning metadata, a removal adds a delete-delete check, more read files
+  add delete-read checks), so a failure of the smallest commit is a failure of the real one.
+* **Whether it commits at all.** delta-spark skips the commit of a DML statement that changed nothing
+  (measured on delta-spark 4.4: an UPDATE, DELETE or MERGE that matches no row leaves the log as it was),
+  and a job that does not commit cannot fail. The caller says whether the job is certain to commit
+  (``RunningCommit.commits``); without that certainty the answer is always "keep running".
+* **Which commits won.** Those after the version the job's transaction read. The caller must know that
+  version exactly (``RunningCommit.read_version``): a commit that landed before the job's transaction
+  read the log is in its snapshot, not a winner, and judging it would abort a job that commits.
+
+A winning file whose partition values do not parse as the table's types is left out (the commit check
+assumes it matches; this module must not). Anything the judge cannot decide exactly stays "keep running":
+an abort must be as sure as Delta's own check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+
+from .actions import Action, AddFile
+from .conflicts import (
+    DATA_CHANGING_OPERATIONS,
+    PartitionSchema,
+    PendingCommit,
+    WinningCommit,
+    check_winning_commit,
+    isolation_to_use,
+    table_isolation_level,
+)
+from .errors import ConflictKind, DeltaConcurrentModificationException
+from .expressions import TRUE, Column, Expr, has_unknown, references, split_conjuncts, walk
+from .planner import DELTA_OPERATION_NAMES, Operation, TableState, adds_files, changes_data, planned_read
+from .predicates import evaluate_partition
+from .snapshot import Commit, Snapshot
+from .sql_parser import parse_predicate
+
+# Operations whose files read are chosen by their filter alone (``txn.filterFiles``); a compaction
+# records only the files it picks, known when it commits.
+_FILTER_READS = frozenset({Operation.MERGE, Operation.UPDATE, Operation.DELETE, Operation.INSERT_SELF_READ,
+                           Operation.REPLACE_WHERE, Operation.OVERWRITE})
+
+
+@dataclass(frozen=True)
+class RunningCommit:
+    """What a running job is certain to record and commit, as far as Delta's commit check looks.
+
+    Build it with ``running_commit``. ``read_version`` and ``table`` are the snapshot its transaction
+    read; ``certain_reads`` maps each file it surely reads to its raw partition values.
+    """
+
+    table: TableState
+    operation: Operation
+    label: str
+    read_predicate: Expr | None
+    read_whole_table: bool
+    certain_reads: Mapping[str, Mapping[str, str | None]]
+    commits: bool
+
+    @property
+    def read_version(self) -> int:
+        return self.table.version
+
+
+@dataclass(frozen=True)
+class CertainConflict:
+    """A winning commit the running job cannot survive: what Delta will raise when the job commits."""
+
+    version: int
+    operation: str | None
+    exception: DeltaConcurrentModificationException
+
+    @property
+    def kind(self) -> ConflictKind:
+        return self.exception.kind
+
+    def describe(self) -> str:
+        """One line for a task log or an audit event."""
+        what = f"version {self.version}" + (f" ({self.operation})" if self.operation else "")
+        return f"{what} makes this job's commit fail with {self.kind.value}: {self.exception}"
+
+
+def running_commit(snapshot: Snapshot, operation: Operation | str, predicate: str | Expr | None = None, *,
+                   commits: bool, label: str | None = None, target_alias: str | None = None,
+                   reads_whole_table: bool = False) -> RunningCommit:
+    """The smallest commit a job running ``operation`` with ``predicate`` on ``snapshot`` is certain to make.
+
+    ``snapshot`` must be the version the job's transaction read. ``commits`` says whether the job is
+    certain to commit (see the module's docstring); ``predicate``, ``target_alias`` and
+    ``reads_whole_table`` mean what they mean to ``planner.plan_footprint``.
+    """
+    op = Operation(operation)
+    read = planned_read(snapshot, op, predicate, target_alias=target_alias, reads_whole_table=reads_whole_table)
+    reads: dict[str, Mapping[str, str | None]] = {}
+    if read is not None and op in _FILTER_READS:
+        if reads_whole_table:
+            reads = {f.path: f.partition_values for f in snapshot.files()}
+        elif _pruned_by_partitions_alone(snapshot, predicate, target_alias, op):
+            schema = PartitionSchema.of(snapshot.metadata)
+            reads = {f.path: f.partition_values for f in snapshot.files()
+                     if _surely_matches(read, schema, f.partition_values)}
+    return RunningCommit(table=TableState.of(snapshot), operation=op, label=label or op.value, read_predicate=read,
+                         read_whole_table=reads_whole_table and read is not None,
+                         certain_reads=MappingProxyType(reads), commits=commits)
+
+
+def certain_conflict(running: RunningCommit, winners: Iterable[Commit]) -> CertainConflict | None:
+    """The first of ``winners`` (commits after ``running.read_version``, oldest first) that makes the job's
+    commit certain to fail, or ``None``: keep running.
+
+    Each winner that passes is rebased over, as delta-spark does (its protocol and allowed metadata
+    become the job's), so a later winner is judged as Delta will judge it.
+    """
+    if not running.commits:
+        return None
+    table = running.table
+    schema = PartitionSchema.of(table.metadata)
+    actions = _smallest_actions(running, schema)
+    name = DELTA_OPERATION_NAMES[running.operation]
+    level = isolation_to_use(actions, name in DATA_CHANGING_OPERATIONS, table_isolation_level(table.metadata))
+    pending = PendingCommit(
+        read_version=table.version, partition_schema=schema, read_protocol=table.protocol,
+        metadata=table.metadata, protocol=table.protocol, actions=actions, operation=name,
+        read_predicates=(running.read_predicate,) if running.read_predicate is not None else (),
+        read_files=running.certain_reads, read_whole_table=running.read_whole_table,
+    )
+    for commit in winners:
+        if commit.version <= table.version:
+            continue
+        winner = WinningCommit.of(commit)
+        winner = replace(winner, added=tuple(a for a in winner.added if schema.typed(a.partition_values) is not None))
+        try:
+            pending = check_winning_commit(pending, winner, level)
+        except DeltaConcurrentModificationException as exc:
+            return CertainConflict(version=commit.version, operation=winner.operation, exception=exc)
+    return None
+
+
+def _smallest_actions(running: RunningCommit, schema: PartitionSchema) -> tuple[Action, ...]:
+    """One file of the job's kind: it sets the isolation level the job's commit is checked at, and makes
+    the commit no blind append when the job reads (an append that reads nothing stays blind)."""
+    if not adds_files(running.operation):
+        return ()
+    return (AddFile(path="<a file of the running job>", partition_values={n: None for _, n, _ in schema.fields},
+                    size=0, modification_time=0, data_change=changes_data(running.operation)),)
+
+
+def _pruned_by_partitions_alone(snapshot: Snapshot, predicate: str | Expr | None, target_alias: str | None,
+                                op: Operation) -> bool:
+    """Whether Spark's scan for this filter keeps every file of the partitions it selects: every conjunct
+    that data skipping could use is over partition columns only. A MERGE skips on its target-only
+    conjuncts, so a conjunct that names the source (``t.id = s.id``) is no skipping filter there."""
+    if predicate is None:
+        return True
+    raw = parse_predicate(predicate) if isinstance(predicate, str) else predicate
+    columns = set(snapshot.partition_columns)
+    for conjunct in split_conjuncts(raw):
+        bound = snapshot.bind(conjunct, target_alias=target_alias)
+        if not has_unknown(bound) and references(bound) <= columns:
+            continue
+        if op is Operation.MERGE and target_alias is not None and _names_another_relation(conjunct, target_alias):
+            continue
+        return False
+    return True
+
+
+def _names_another_relation(conjunct: Expr, target_alias: str) -> bool:
+    alias = target_alias.lower()
+    return any(isinstance(e, Column) and e.qualifier is not None and e.qualifier.lower() != alias
+               for e in walk(conjunct))
+
+
+def _surely_matches(predicate: Expr, schema: PartitionSchema, raw: Mapping[str, str | None]) -> bool:
+    if predicate == TRUE:
+        return True
+    typed = schema.typed(raw)
+    return typed is not None and evaluate_partition(predicate, typed) is True
+
+
+__all__ = ["CertainConflict", "RunningCommit", "certain_conflict", "running_commit"]

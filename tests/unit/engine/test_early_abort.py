@@ -1,0 +1,113 @@
+"""Early abort's judge: a running job is "doomed" only when even the smallest commit it is certain to make
+fails on a commit that won. Each case here can fail both ways: a missed certainty and, worse, a false one.
+(tests/spark/test_differential.py holds the judge to delta-spark's real outcomes.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_delta_occ.engine import DeltaLog
+from airflow_delta_occ.engine.early_abort import certain_conflict, running_commit
+from airflow_delta_occ.engine.errors import ConflictKind
+from airflow_delta_occ.engine.planner import Operation
+
+from .logbuilder import SCHEMA, LogBuilder, add, commit_info, metadata, protocol, remove
+
+pytestmark = pytest.mark.unit
+
+DE, FR = {"date": "2024-01-01", "country": "DE"}, {"date": "2024-01-01", "country": "FR"}
+
+
+def _table(tmp_path, *, level: str | None = None, partitioned: bool = True):
+    b = LogBuilder(tmp_path / "t")
+    config = {"delta.isolationLevel": level} if level else {}
+    b.commit(commit_info("CREATE TABLE"), protocol(),
+             metadata(partition_columns=("date", "country") if partitioned else (), configuration=config))
+    b.commit(commit_info(), add("de-0.parquet", DE if partitioned else {}),
+             add("fr-0.parquet", FR if partitioned else {}))
+    return b
+
+
+def _judge(b, operation, predicate=None, *, commits=True, read_version=1, **kw):
+    log = DeltaLog.for_table(b.root)
+    running = running_commit(log.snapshot(read_version), operation, predicate, commits=commits, **kw)
+    return certain_conflict(running, log.commits_after(read_version))
+
+
+def test_a_file_added_in_the_partition_read_dooms_the_job(tmp_path):
+    b = _table(tmp_path)
+    b.commit(commit_info("WRITE"), add("de-1.parquet", DE))
+    found = _judge(b, Operation.UPDATE, "country = 'DE'")
+    assert found is not None and found.kind is ConflictKind.APPEND and found.version == 2
+    assert "version 2 (WRITE)" in found.describe()
+
+
+def test_a_file_added_elsewhere_or_before_the_read_does_not(tmp_path):
+    b = _table(tmp_path)
+    b.commit(commit_info("WRITE"), add("fr-1.parquet", FR))
+    assert _judge(b, Operation.UPDATE, "country = 'DE'") is None
+    b.commit(commit_info("WRITE"), add("de-1.parquet", DE))
+    assert _judge(b, Operation.UPDATE, "country = 'DE'", read_version=3) is None   # in the job's snapshot
+
+
+def test_a_job_not_certain_to_commit_is_never_doomed(tmp_path):
+    # delta-spark skips the commit of a statement that changed nothing: it cannot fail.
+    b = _table(tmp_path)
+    b.commit(commit_info("WRITE"), add("de-1.parquet", DE))
+    assert _judge(b, Operation.UPDATE, "country = 'DE'", commits=False) is None
+
+
+def test_a_removed_file_dooms_only_when_the_scan_surely_read_it(tmp_path):
+    b = _table(tmp_path)
+    b.commit(commit_info("DELETE"), remove("de-0.parquet"))
+    found = _judge(b, Operation.DELETE, "country = 'DE'")
+    assert found is not None and found.kind is ConflictKind.DELETE_READ
+    # A data conjunct lets data skipping drop the file from the scan: no certainty.
+    assert _judge(b, Operation.DELETE, "country = 'DE' AND id = 3") is None
+    # A MERGE skips only on its target's conjuncts: the join conjunct does not count.
+    found = _judge(b, Operation.MERGE, "t.id = s.id AND t.country = 'DE'", target_alias="t")
+    assert found is not None and found.kind is ConflictKind.DELETE_READ
+    assert _judge(b, Operation.MERGE, "t.id = s.id AND t.country = 'DE' AND t.id > 5", target_alias="t") is None
+    # A compaction records only the files it picks.
+    assert _judge(b, Operation.OPTIMIZE, "country = 'DE'") is None
+
+
+def test_a_blind_append_winner_under_write_serializable_does_not_doom(tmp_path):
+    b = _table(tmp_path, level="WriteSerializable")
+    b.commit(commit_info("WRITE", isBlindAppend=True), add("de-1.parquet", DE))
+    assert _judge(b, Operation.UPDATE, "country = 'DE'") is None
+    b.commit(commit_info("MERGE", isBlindAppend=False), add("de-2.parquet", DE))
+    found = _judge(b, Operation.UPDATE, "country = 'DE'")
+    assert found is not None and found.version == 3
+
+
+def test_a_schema_change_dooms_even_a_blind_append(tmp_path):
+    b = _table(tmp_path)
+    wider = {**SCHEMA, "fields": [*SCHEMA["fields"], {"name": "extra", "type": "string", "nullable": True,
+                                                       "metadata": {}}]}
+    b.commit(commit_info("ADD COLUMNS"), metadata(schema=wider))
+    found = _judge(b, Operation.INSERT)
+    assert found is not None and found.kind is ConflictKind.METADATA
+
+
+def test_an_unparseable_partition_value_is_not_taken_as_a_match(tmp_path):
+    # The commit check assumes such a file matches (conservative there); a certainty cannot.
+    b = _table(tmp_path)
+    b.commit(commit_info("WRITE", isBlindAppend=False), add("odd.parquet", {"date": "not-a-date", "country": "DE"}))
+    assert _judge(b, Operation.UPDATE, "country = 'DE'") is None
+
+
+def test_the_first_fatal_winner_is_named_and_earlier_ones_rebased(tmp_path):
+    b = _table(tmp_path)
+    b.commit(commit_info("WRITE"), add("fr-1.parquet", FR))
+    b.commit(commit_info("MERGE"), add("de-1.parquet", DE))
+    b.commit(commit_info("MERGE"), add("de-2.parquet", DE))
+    found = _judge(b, Operation.MERGE, "t.id = s.id AND t.country = 'DE'", target_alias="t")
+    assert found is not None and found.version == 3 and found.operation == "MERGE"
+
+
+def test_an_unpartitioned_read_is_doomed_by_any_added_file(tmp_path):
+    b = _table(tmp_path, partitioned=False)
+    b.commit(commit_info("WRITE", isBlindAppend=False), add("x.parquet"))
+    found = _judge(b, Operation.UPDATE, "id = 3")
+    assert found is not None and found.kind is ConflictKind.APPEND

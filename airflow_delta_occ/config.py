@@ -117,6 +117,48 @@ def worker_wait() -> float:
     return value
 
 
+DEFAULT_EARLY_ABORT_INTERVAL = 1.0
+MAX_EARLY_ABORT_INTERVAL = 60.0
+
+
+def early_abort() -> bool:
+    """``[delta_occ] early_abort``: whether a Delta task watches its table while its job runs and stops the job
+    as soon as a commit that landed makes its own commit certain to fail (default False; a task's
+    ``early_abort=`` overrides it).
+
+    Raises:
+        ProviderConfigError: not a boolean.
+    """
+    return _flag("early_abort")
+
+
+def early_abort_interval() -> float:
+    """``[delta_occ] early_abort_interval``: seconds between two looks at the table's log while a job runs
+    (default 1; one read of the next commit file each).
+
+    Raises:
+        ProviderConfigError: not a number of seconds above 0 and at most 60.
+    """
+    text = _get("early_abort_interval", str(DEFAULT_EARLY_ABORT_INTERVAL)).strip()
+    try:
+        return check_early_abort_interval(float(text), f"[{SECTION}] early_abort_interval")
+    except ValueError as exc:
+        raise ProviderConfigError(f"[{SECTION}] early_abort_interval is {text!r}; expected seconds above 0 and at "
+                                  f"most {MAX_EARLY_ABORT_INTERVAL:.0f}") from exc
+
+
+def check_early_abort_interval(value: object, what: str) -> float:
+    """``value`` as the seconds between two looks at the log.
+
+    Raises:
+        ProviderConfigError: not a number above 0 and at most ``MAX_EARLY_ABORT_INTERVAL`` (naming ``what``).
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_EARLY_ABORT_INTERVAL:
+        raise ProviderConfigError(f"{what} must be seconds above 0 and at most {MAX_EARLY_ABORT_INTERVAL:.0f}, "
+                                  f"got {value!r}")
+    return float(value)
+
+
 def default_deferrable() -> bool | None:
     """``True`` when Airflow's ``[operators] default_deferrable`` is set to True, else ``None``.
 

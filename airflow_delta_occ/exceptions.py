@@ -101,6 +101,26 @@ class ConflictFailure(DeltaJobError):
         return (_rebuild, (type(self), str(self), {"kind": self.kind, "attempts": self.attempts}))
 
 
+class JobStoppedEarly(DeltaJobError):
+    """An attempt whose Spark work the runner cancelled because a commit that landed while it ran makes its own
+    commit certain to fail (early abort): what Delta would have raised at the end, raised now.
+
+    ``kind`` is that conflict, so the retry policies treat the attempt as the conflict itself; ``version`` and
+    ``operation`` name the commit that doomed it; the message says "winning version N", as the engine's
+    conflicts do.
+    """
+
+    def __init__(self, message: str, *, kind: ConflictKind, version: int, operation: str | None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.version = version
+        self.operation = operation
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), str(self), {"kind": self.kind, "version": self.version,
+                                                   "operation": self.operation}))
+
+
 class StorageConnectionError(ProviderConfigError):
     """A storage connection (``storage_conn_id``) is missing, of a type the provider cannot use, or
     holds settings it cannot apply; raised before the table is read."""

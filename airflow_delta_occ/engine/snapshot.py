@@ -183,6 +183,21 @@ class DeltaLog:
             commits.append(self._read_commit(v, meta))
         return commits
 
+    def commit_if_present(self, version: int) -> Commit | None:
+        """Commit ``version`` read by its name, or ``None`` when it is not (yet) in the log.
+
+        One read, no listing: how a job that watches its table while it runs asks for the next commit
+        every second, cheaply on an object store whose log holds thousands of files. The commit's file
+        modification time is not read (``file_modification_time`` is 0): what matters here are its actions.
+        """
+        version = _version_arg(version, "version")
+        path = self.storage.join(self.log_path, commit_file_name(version))
+        try:
+            data = self.storage.read_bytes(path)
+        except FileNotFoundError:
+            return None
+        return Commit(version, tuple(parse_json_actions(data, path)), 0)
+
     def history(self, limit: int | None = None) -> list[Commit]:
         """Commits still in the log, newest first (``commit_info`` has operation, readVersion, ...)."""
         listing = self.listing()

@@ -40,6 +40,7 @@ from airflow_delta_occ.spark.storage import SparkStorageSettings, with_redaction
 
 if TYPE_CHECKING:
     from airflow_delta_occ.engine.object_store import StorageCredentials
+    from airflow_delta_occ.spark.early_abort import TableWatch
 
 
 class DeltaSparkHook(BaseHook):
@@ -217,8 +218,11 @@ class DeltaSparkHook(BaseHook):
         return table.location
 
     # -- running ----------------------------------------------------------------------------------
-    def run(self, spec: JobSpec) -> JobResult:
+    def run(self, spec: JobSpec, *, watch: TableWatch | None = None) -> JobResult:
         """Execute the job and return its result; any other outcome raises its typed exception.
+
+        ``watch`` (how to read the table's log) turns early abort on where the mode can watch a running job
+        (``JobTransport.watches_tables``: embedded and Connect); elsewhere the job runs unwatched.
 
         Every mode returns the runner's ``JobResult`` through its JSON form, and one call
         (``JobResult.raise_for_status``) decodes it: the same failure raises the same class with the
@@ -231,7 +235,8 @@ class DeltaSparkHook(BaseHook):
         transport.killed = False
         self.spark_ui_url = self.spark_ui_link(None, None)
         try:
-            result = transport.run(spec)
+            result = transport.run(spec, watch=watch) if watch is not None and transport.watches_tables \
+                else transport.run(spec)
             self.spark_ui_url = self.spark_ui_link(result.spark_app_id, result.spark_ui_url)
             return result.raise_for_status()
         except Exception as exc:

@@ -20,11 +20,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_delta_occ.engine.early_abort import RunningCommit, running_commit
 from airflow_delta_occ.engine.expressions import Expr
 from airflow_delta_occ.engine.planner import Footprint, Operation, plan_footprint, planned_read
 from airflow_delta_occ.engine.snapshot import Snapshot
 from airflow_delta_occ.engine.values import parse_partition_value
 
+from .operations import ClauseScope, JobOperation
 from .spec import JobSpec
 
 MAX_WRITE_PARTITIONS = 4096
@@ -114,3 +116,33 @@ def _alias(spec: JobSpec, op: Operation) -> str | None:
 def _reads_whole_table(spec: JobSpec, op: Operation) -> bool:
     # A NOT MATCHED BY SOURCE MERGE reads (and rewrites) every file, whatever its condition confines.
     return op is Operation.MERGE and any(c.kind.by_source for c in spec.clauses)
+
+
+def running_commit_of(spec: JobSpec, snapshot: Snapshot, *, commits: bool) -> RunningCommit:
+    """The smallest commit ``spec`` is certain to make when its transaction read ``snapshot`` (early abort's
+    judge; ``commits`` as ``certain_to_commit`` says)."""
+    op = engine_operation(spec)
+    return running_commit(snapshot, op, _predicate(spec, op), commits=commits,
+                          label=f"{spec.operation} {spec.run.task_id}", target_alias=_alias(spec, op),
+                          reads_whole_table=_reads_whole_table(spec, op))
+
+
+def certain_to_commit(spec: JobSpec, source_rows: int | None) -> bool:
+    """Whether the job is certain to commit a file action of its kind (``RunningCommit.commits``), known
+    before its Spark work from its spec and the number of source rows it writes from.
+
+    delta-spark skips the commit of a statement that changed nothing, and an empty overwrite may change
+    nothing, so only these are certain: an append (it always commits, and reads nothing); an overwrite of
+    partitions with rows to write; a MERGE with rows whose clauses leave no row idle (an unconditional
+    WHEN MATCHED clause and an unconditional WHEN NOT MATCHED INSERT: every source row updates, deletes
+    or inserts). An UPDATE, a DELETE or a compaction may find nothing to change.
+    """
+    if spec.operation is JobOperation.APPEND:
+        return True
+    rows = source_rows is not None and source_rows > 0
+    if spec.operation is JobOperation.OVERWRITE_PARTITIONS:
+        return rows
+    if spec.operation is JobOperation.MERGE:
+        unconditional = {c.kind.scope for c in spec.clauses if c.condition is None and not c.kind.by_source}
+        return rows and {ClauseScope.MATCHED, ClauseScope.NOT_MATCHED} <= unconditional
+    return False

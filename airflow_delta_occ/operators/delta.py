@@ -80,6 +80,7 @@ if TYPE_CHECKING:  # the engine loads pyarrow: imported when a table is read, no
     from airflow_delta_occ.jobs.footprint import ReadPlan
     from airflow_delta_occ.pools.config import Pool
     from airflow_delta_occ.pools.leases.base import LeaseStore
+    from airflow_delta_occ.spark.early_abort import TableWatch
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,13 @@ class DeltaBaseOperator(BaseOperator):
         ``[openlineage] spark_inject_parent_job_info``.
     :param openlineage_inject_transport_info: give it the OpenLineage transport too; default:
         ``[openlineage] spark_inject_transport_info``.
+    :param early_abort: watch the table's log while the job runs (embedded and Connect modes) and, as soon
+        as a commit that landed makes the job's own commit certain to fail, cancel its Spark work and retry
+        it as that conflict at once, instead of after all the doomed work. Acts only where the verdict is as
+        sure as Delta's own check, and only for a job certain to commit (see docs/early-abort.md). Default:
+        ``[delta_occ] early_abort`` (False).
+    :param early_abort_interval: seconds between two looks at the log (default ``[delta_occ]
+        early_abort_interval``, 1 s): a doomed job is stopped within about two of them.
     """
 
     template_fields: Sequence[str] = ("table", "table_name", "partitions", "spark_conf", "delta_conn_id")
@@ -177,7 +185,8 @@ class DeltaBaseOperator(BaseOperator):
                  lease_poll_interval: float | None = None,
                  lease_conn_id: str = DeltaLeaseStoreHook.default_conn_name,
                  storage_conn_id: str | None = None, openlineage_inject_parent_job_info: bool | None = None,
-                 openlineage_inject_transport_info: bool | None = None, **kwargs: Any) -> None:
+                 openlineage_inject_transport_info: bool | None = None, early_abort: bool | None = None,
+                 early_abort_interval: float | None = None, **kwargs: Any) -> None:
         # Everything that does not need the table is checked here, when the DAG file is parsed.
         if (table is None) == (table_name is None):
             raise JobSpecError(f"{type(self).__name__} needs exactly one of table= (path) or table_name=")
@@ -225,6 +234,11 @@ class DeltaBaseOperator(BaseOperator):
             kwargs["retry_policy"] = DeltaConflictRetryPolicy(self.operation, self._policy_overrides)
         _default_retries(kwargs, kwargs.get("default_args"))
         holding.check_poll_interval(lease_poll_interval)
+        if early_abort is not None and not isinstance(early_abort, bool):
+            raise JobSpecError(f"early_abort must be True, False or None ([delta_occ] early_abort), "
+                               f"got {early_abort!r}")
+        if early_abort_interval is not None:
+            config.check_early_abort_interval(early_abort_interval, "early_abort_interval")
         route_to_airflow_pool(kwargs, kwargs.get("default_args"), conflict_pool)
         if deferrable is not None and not isinstance(deferrable, bool):
             raise PoolConfigError(f"deferrable must be True, False or None (adaptive), got {deferrable!r}")
@@ -247,6 +261,8 @@ class DeltaBaseOperator(BaseOperator):
         self.storage_conn_id = storage_conn_id
         self.openlineage_inject_parent_job_info = openlineage_inject_parent_job_info
         self.openlineage_inject_transport_info = openlineage_inject_transport_info
+        self.early_abort = early_abort
+        self.early_abort_interval = early_abort_interval
         # (request id, owner) of the lease (or resumed request) this try gives back if killed
         self._held_lease: tuple[str, str] | None = None
         self._warming = False   # the Spark client's warm-up started in this task process
@@ -367,7 +383,7 @@ class DeltaBaseOperator(BaseOperator):
                       prepared.spec.condition_sql or "none (every row)")
         run_started_at = time.time()
         try:
-            result = self.hook.run(prepared.spec)
+            result = self.hook.run(prepared.spec, watch=self._table_watch(prepared))
         except ConflictSkipped as exc:
             raise AirflowSkipException(str(exc)) from exc
         except JobKilledError as exc:
@@ -381,6 +397,18 @@ class DeltaBaseOperator(BaseOperator):
                 raise exc from None
             raise StatementRefusedError(pointed) from exc
         return replace(result, run_started_at=round(run_started_at, 3))
+
+    def _table_watch(self, prepared: PreparedJob) -> TableWatch | None:
+        """How the job reads its table's log while it runs, when early abort is on for this task (its
+        ``early_abort=``, else ``[delta_occ] early_abort``)."""
+        from airflow_delta_occ.engine import DeltaLog
+        from airflow_delta_occ.spark.early_abort import TableWatch
+
+        if not (self.early_abort if self.early_abort is not None else config.early_abort()):
+            return None
+        interval = self.early_abort_interval if self.early_abort_interval is not None else config.early_abort_interval()
+        location, credentials = prepared.location, self.hook.credentials_for(prepared.location)
+        return TableWatch(open_log=lambda: DeltaLog.for_table(location, credentials=credentials), interval=interval)
 
     def _raise_if_committed(self, prepared: PreparedJob, killed: JobKilledError) -> None:
         """A kill can land after the job's commit (the job stops while it reports): read the Delta log, and if

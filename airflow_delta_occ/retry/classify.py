@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable, Mapping
 
 from airflow_delta_occ.engine.errors import ConflictKind
-from airflow_delta_occ.exceptions import ConflictFailure, ConflictSkipped
+from airflow_delta_occ.exceptions import ConflictFailure, ConflictSkipped, JobStoppedEarly
 
 __all__ = ["ADVICE", "ConflictKind", "classify_conflict", "conflict_failure", "conflict_kind_for",
            "conflict_skipped"]
@@ -76,7 +76,7 @@ def classify_conflict(error: BaseException | str | Iterable[str] | None) -> Conf
         return _from_text(error.splitlines())
     if not isinstance(error, BaseException):
         return _from_text(error)
-    if isinstance(error, ConflictFailure | ConflictSkipped) and error.kind is not None:
+    if isinstance(error, ConflictFailure | ConflictSkipped | JobStoppedEarly) and error.kind is not None:
         return error.kind
     seen: set[int] = set()
     exc: BaseException | None = error

@@ -24,6 +24,8 @@ from typing import Any, TypeVar, cast
 import tenacity
 from tenacity.wait import wait_base
 
+from airflow_delta_occ.exceptions import JobStoppedEarly
+
 from .classify import ConflictKind, classify_conflict, conflict_failure, conflict_kind_for, conflict_skipped
 
 T = TypeVar("T")
@@ -206,7 +208,9 @@ class ConflictRecord:
     ``action`` is what the policy did: ``retry``, ``skip``, ``fail``, or ``gave up`` when the
     attempts ran out; ``delay`` is the backoff before the next attempt (seconds);
     ``winning_version`` is the concurrent commit that won, when Delta's message names it;
-    ``seconds`` is how long the attempt that met the conflict ran: Spark work thrown away.
+    ``seconds`` is how long the attempt that met the conflict ran: Spark work thrown away. ``early``
+    marks an attempt the runner stopped while it ran (early abort: the winner, ``winning_operation``, made
+    its commit certain to fail), rather than one Delta failed at its commit.
     """
 
     attempt: int
@@ -216,11 +220,16 @@ class ConflictRecord:
     delay: float = 0.0
     winning_version: int | None = None
     seconds: float = 0.0
+    early: bool = False
+    winning_operation: str | None = None
 
     def describe(self, what: str, max_attempts: int) -> str:
         """The log line for this conflict, e.g. ``ConcurrentAppendException on /lake/sales (attempt 1 of 5,
         winning version 7): retrying in 1.25 s``."""
         winner = f", winning version {self.winning_version}" if self.winning_version is not None else ""
+        if self.early:
+            by = f" ({self.winning_operation})" if self.winning_operation else ""
+            winner += f"{by}, foreseen and stopped early after {self.seconds:.1f} s"
         head = f"{self.kind.value} on {what} (attempt {self.attempt} of {max_attempts}{winner})"
         if self.action == Action.RETRY:
             return f"{head}: retrying in {self.delay:.2f} s"
@@ -295,8 +304,10 @@ def run_with_policies(fn: Callable[[int], T], policies: Mapping[ConflictKind, Co
              delay: float = 0.0) -> None:
         exc, kind, policy = seen
         message = str(exc).strip()
-        entry = ConflictRecord(attempt, kind, message[:1000], action, delay, winning_version(message),
-                               round(elapsed, 3))
+        stopped = exc if isinstance(exc, JobStoppedEarly) else None
+        entry = ConflictRecord(attempt, kind, message[:1000], action, delay,
+                               stopped.version if stopped else winning_version(message), round(elapsed, 3),
+                               early=stopped is not None, winning_operation=stopped.operation if stopped else None)
         record.conflicts.append(entry)
         log.log(logging.INFO if action == Action.SKIP else logging.WARNING, "%s",
                 entry.describe(what, policy.max_attempts if policy.action is Action.RETRY else attempt),

@@ -43,6 +43,7 @@ from airflow_delta_occ.jobs.sql import source_check_sql, source_values_sql, stat
 from airflow_delta_occ.retry.classify import ConflictKind, classify_conflict
 from airflow_delta_occ.retry.policy import RetryOutcome, policies_for, run_with_policies
 from airflow_delta_occ.spark import errors as spark_errors
+from airflow_delta_occ.spark.early_abort import EarlyAbort, TableWatch
 from airflow_delta_occ.spark.session import INHERITED_CONNECT_ENV
 from airflow_delta_occ.spark.statements import pinned_settings, run_sql
 from airflow_delta_occ.spark.storage import SECRET_CONF_ENV
@@ -146,11 +147,15 @@ def _plain_values(values: dict[str, Any]) -> str:
     return "{" + ", ".join(f"{k}={v!s}" for k, v in values.items()) + "}"
 
 
-def _execute_once(session: Any, spec: JobSpec, source: Any, source_view: str | None) -> None:
+def _execute_once(session: Any, spec: JobSpec, source: Any, source_view: str | None,
+                  early: EarlyAbort | None = None) -> None:
     """One attempt; Spark refusing the statement (not a conflict) is ``StatementRefusedError``, or
-    ``TableNotFoundError`` when the refusal is that the target is gone (checked only then)."""
+    ``TableNotFoundError`` when the refusal is that the target is gone (checked only then). Watched for early
+    abort when ``early`` is given (``JobStoppedEarly``: a commit that landed meanwhile dooms the attempt)."""
     try:
-        _write(session, spec, source, source_view)
+        with early.attempt(session, lambda: _check_target(session, spec)) if early is not None \
+                else contextlib.nullcontext():
+            _write(session, spec, source, source_view)
         return
     except Exception as exc:
         if classify_conflict(exc) is not None or not spark_errors.is_analysis_error(exc):
@@ -237,17 +242,18 @@ def _auto_compaction(row: Any) -> bool:
     return str(row["operation"]) == "OPTIMIZE" and str(parameters.get("auto", "")).lower() == "true"
 
 
-def run_job(spark: Any, spec: JobSpec, *, sleep: Any = time.sleep) -> JobResult:
+def run_job(spark: Any, spec: JobSpec, *, sleep: Any = time.sleep, watch: TableWatch | None = None) -> JobResult:
     """Execute ``spec`` with conflict retries and return what happened, in every mode the same way.
 
     Never raises for the job's own outcome: a refusal, a conflict, a skip or an error is the
-    result's status and message (``JobResult.raise_for_status`` turns it into the exception).
+    result's status and message (``JobResult.raise_for_status`` turns it into the exception). With
+    ``watch`` (how to read the table's log), each attempt is watched for early abort (``spark.early_abort``).
     """
     started = time.monotonic()
     outcome = RetryOutcome()
     progress = JobProgress()
     try:
-        ended = _succeeded(_run(spark, spec, outcome, progress, sleep))
+        ended = _succeeded(_run(spark, spec, outcome, progress, sleep, watch))
     except Exception as exc:  # every outcome of the job becomes a status (decoded by raise_for_status)
         ended = _failure(exc)
     conflicts = tuple(outcome.conflicts)
@@ -336,15 +342,16 @@ def _failure(exc: Exception) -> JobEnd:
                   error_type=type(exc).__name__)
 
 
-def _run(spark: Any, spec: JobSpec, outcome: RetryOutcome, progress: JobProgress, sleep: Any) -> Commit | None:
+def _run(spark: Any, spec: JobSpec, outcome: RetryOutcome, progress: JobProgress, sleep: Any,
+         watch: TableWatch | None = None) -> Commit | None:
     session = _private_session(spark)
     progress.openlineage_parent = openlineage_parent_seen(session)
     with pinned_settings(session):  # every statement below means what the provider rendered
-        return _run_pinned(session, spec, outcome, progress, sleep)
+        return _run_pinned(session, spec, outcome, progress, sleep, watch)
 
 
 def _run_pinned(session: Any, spec: JobSpec, outcome: RetryOutcome, progress: JobProgress, sleep: Any,
-                ) -> Commit | None:
+                watch: TableWatch | None = None) -> Commit | None:
     session.conf.set(USER_METADATA_CONF, spec.run.user_metadata())
     if spec.idempotent and spec.operation in ("merge", "update", "delete"):
         session.conf.set(TXN_APP_ID_CONF, spec.run.app_id)
@@ -364,9 +371,13 @@ def _run_pinned(session: Any, spec: JobSpec, outcome: RetryOutcome, progress: Jo
         source.createOrReplaceTempView(source_view)
         with progress.timed("source_check"):
             source, progress.dropped_source_rows = confine_source(session, spec, source, source_view)
+    early = None
+    if watch is not None:
+        with progress.timed("early_abort_setup"):
+            early = EarlyAbort.for_job(spec, watch, source)
     try:
         with progress.timed("write"):
-            run_with_policies(lambda attempt: _execute_once(session, spec, source, source_view),
+            run_with_policies(lambda attempt: _execute_once(session, spec, source, source_view, early),
                               policies_for(spec.operation, spec.retry_policies), outcome=outcome, sleep=sleep,
                               what=spec.target.label)
     finally:

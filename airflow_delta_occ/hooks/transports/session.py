@@ -17,6 +17,7 @@ from airflow_delta_occ.jobs.result import JobResult
 
 if TYPE_CHECKING:
     from airflow_delta_occ.jobs.spec import JobSpec
+    from airflow_delta_occ.spark.early_abort import TableWatch
 
 KILL_TIMEOUT_SECONDS = 60.0
 """How long ``kill`` waits for Spark to confirm the stop (the Task SDK's SIGKILL follows anyway)."""
@@ -45,12 +46,15 @@ class SessionTransport(JobTransport):
     def _cancel(self, running: RunningJob) -> None:
         """Cancel the Spark work tagged for ``running`` (may raise: ``_stop_session`` logs it)."""
 
-    def run(self, spec: JobSpec) -> JobResult:
+    watches_tables = True
+
+    def run(self, spec: JobSpec, *, watch: TableWatch | None = None) -> JobResult:
+        """Run ``spec`` in this process's session; with ``watch``, each attempt is watched for early abort."""
         from airflow_delta_occ.spark.runner import run_job
 
         with self.job_session() as spark, self._tracked(spark):
             # Through its JSON form, as the other modes' results travel.
-            return JobResult.from_json(run_job(spark, spec).to_json())
+            return JobResult.from_json(run_job(spark, spec, watch=watch).to_json())
 
     def describe_table(self, name: str) -> TableDescription:
         from airflow_delta_occ.engine.errors import TableNotFoundError

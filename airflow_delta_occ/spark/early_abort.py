@@ -1,0 +1,310 @@
+"""Early abort while a job's statement runs: watch the table's log, judge each new commit with the engine's
+commit-time rules, and cancel the job's Spark work as soon as its commit is certain to fail.
+
+The judge (``engine.early_abort``) needs the version the job's Delta transaction read, exactly: a commit that
+landed before the transaction read the log is in its snapshot, and judging it as a winner would stop a job
+that commits. Delta does not show that version until the commit, so the watch pins it:
+
+1. **Before the statement**, ``pin_version`` reads the table's history until two reads in a row name the same
+   newest version ``v``. Each read brings the driver's cached snapshot of the table up to date first (measured:
+   ``DESCRIBE HISTORY`` updates ``DeltaLog``'s snapshot), so the second one proves the driver holds ``v`` itself,
+   and the statement's analysis, finding nothing newer, computes no snapshot (runs no Spark job) before its
+   transaction starts.
+2. **While the statement runs**, the watch waits for its first Spark job (the attempt's job tag in a classic
+   session; the first progress report over Spark Connect). Every Spark job of a MERGE, UPDATE, DELETE, OPTIMIZE
+   or DataFrame write runs inside its transaction (delta-spark starts the transaction first, the MERGE's source
+   materialisation included), so by then the transaction has read the log. If commit ``v + 1`` is still absent
+   after that, the transaction read ``v``. If it is present, the version read is not known, and this attempt is
+   not judged (it runs to its commit as without early abort).
+3. From then on, each interval reads the next commit by name (one read, no listing), judges the commits since
+   ``v`` and, when one is fatal, cancels the attempt's Spark work, again at every interval until the statement
+   returns (a cancel between two Spark jobs reaches the next one).
+
+The runner then reports the attempt as the conflict Delta would have raised (``JobStoppedEarly``), which the
+retry policies treat like the conflict itself, and the next attempt starts from the newer version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from airflow_delta_occ.engine.early_abort import CertainConflict, RunningCommit, certain_conflict
+from airflow_delta_occ.engine.snapshot import Commit, DeltaLog
+from airflow_delta_occ.exceptions import JobStoppedEarly
+from airflow_delta_occ.jobs.footprint import certain_to_commit, running_commit_of
+from airflow_delta_occ.jobs.spec import JobSpec
+from airflow_delta_occ.retry.classify import classify_conflict
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INTERVAL_SECONDS = 1.0
+PIN_TRIES = 5
+"""History reads ``pin_version`` makes before giving up (a table committed to without pause)."""
+
+
+@dataclass(frozen=True)
+class TableWatch:
+    """How a job reads its table's log while it runs, given by the process that can (the hook): early abort is
+    on for a job only with one."""
+
+    open_log: Callable[[], DeltaLog]
+    interval: float = DEFAULT_INTERVAL_SECONDS
+
+
+class SparkWork(Protocol):
+    """One attempt's Spark work in one mode: tagged while it runs, known to have started, cancellable."""
+
+    def started(self) -> bool: ...
+
+    def cancel(self) -> None: ...
+
+
+class ClassicWork:
+    """An attempt in a classic session: a SparkContext job tag (thread-local: set in the thread that runs the
+    statement), read back from the driver's status tracker."""
+
+    def __init__(self, session: Any) -> None:
+        self.context = session.sparkContext
+        self.tag = f"delta-occ-attempt-{uuid.uuid4().hex}"
+
+    @contextlib.contextmanager
+    def tagged(self) -> Iterator[None]:
+        self.context.addJobTag(self.tag)
+        try:
+            yield
+        finally:
+            self.context.removeJobTag(self.tag)
+
+    def started(self) -> bool:
+        return len(list(self.context._jsc.sc().statusTracker().getJobIdsForTag(self.tag))) > 0
+
+    def cancel(self) -> None:
+        self.context.cancelJobsWithTag(self.tag)
+
+
+class ConnectWork:
+    """An attempt over Spark Connect: an operation tag of the job's own session; the server's progress reports
+    (every ``spark.connect.progress.reportInterval``) tell that its Spark work began."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.tag = f"delta-occ-attempt-{uuid.uuid4().hex}"
+        self._began = threading.Event()
+
+    def _progress(self, stages: Any, inflight_tasks: int, operation_id: Any, done: bool) -> None:
+        if stages:
+            self._began.set()
+
+    @contextlib.contextmanager
+    def tagged(self) -> Iterator[None]:
+        self.session.addTag(self.tag)
+        self.session.registerProgressHandler(self._progress)
+        try:
+            yield
+        finally:
+            self.session.removeProgressHandler(self._progress)
+            self.session.removeTag(self.tag)
+
+    def started(self) -> bool:
+        return self._began.is_set()
+
+    def cancel(self) -> None:
+        self.session.interruptTag(self.tag)
+
+
+def spark_work(session: Any) -> ClassicWork | ConnectWork:
+    """The attempt adapter for the session's mode."""
+    if type(session).__module__.startswith("pyspark.sql.connect"):
+        return ConnectWork(session)
+    return ClassicWork(session)
+
+
+def pin_version(newest: Callable[[], int], tries: int = PIN_TRIES) -> int | None:
+    """The version the driver's snapshot of the table holds: ``newest()`` (a history read, which updates that
+    snapshot first) until two reads in a row agree; ``None`` when the table moved between every pair."""
+    last = newest()
+    for _ in range(tries - 1):
+        again = newest()
+        if again == last:
+            return last
+        last = again
+    return None
+
+
+@dataclass
+class WatchReport:
+    """What the watch of one attempt saw, for the result and the task log."""
+
+    read_version: int
+    judged: bool = False
+    not_judged: str | None = None
+    found: CertainConflict | None = None
+    found_after: float | None = None      # seconds from the statement's start to the verdict
+    cancelled_after: float | None = None  # ... to the first cancel sent
+    commits_seen: int = 0
+
+
+class AttemptWatch:
+    """Watches one attempt from a helper thread (``start`` before the statement, ``stop`` after it)."""
+
+    def __init__(self, log_: DeltaLog, running: RunningCommit, work: SparkWork, interval: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.log = log_
+        self.running = running
+        self.work = work
+        self.interval = interval
+        self.clock = clock
+        self.report = WatchReport(read_version=running.read_version)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="delta-occ-early-abort", daemon=True)
+        self._began = 0.0
+        self._winners: list[Commit] = []
+
+    def start(self) -> None:
+        self._began = self.clock()
+        self._thread.start()
+
+    def stop(self) -> WatchReport:
+        self._stop.set()
+        self._thread.join(max(5.0, 3 * self.interval))
+        return self.report
+
+    def _watch(self) -> None:
+        try:
+            while not self._stop.wait(self.interval):
+                if not self.report.judged and not self._confirm_read_version():
+                    continue
+                if self.report.not_judged is not None:
+                    return
+                self._judge()
+                if self.report.found is not None:
+                    self.work.cancel()   # again at every interval: a cancel between two Spark jobs reaches the next
+                    if self.report.cancelled_after is None:
+                        self.report.cancelled_after = round(self.clock() - self._began, 3)
+                        log.warning("Early abort: %s; cancelled the job's Spark work %.1f s into the attempt",
+                                    self.report.found.describe(), self.report.cancelled_after)
+        except Exception as exc:   # watching is an optimisation: the statement goes on to its own commit check
+            self.report.not_judged = f"the watch failed: {type(exc).__name__}: {exc}"
+            log.warning("Early abort is off for this attempt: %s", self.report.not_judged)
+
+    def _confirm_read_version(self) -> bool:
+        """Once the attempt's Spark work began: whether the transaction surely read ``read_version``."""
+        if not self.work.started():
+            return False
+        version = self.report.read_version
+        if self.log.commit_if_present(version + 1) is not None:
+            self.report.not_judged = (f"version {version + 1} landed before the statement's transaction was known "
+                                      f"to have read the log, so the version it read is not known")
+            log.info("Early abort does not judge this attempt: %s", self.report.not_judged)
+        else:
+            self.report.judged = True
+            log.info("Early abort judges this attempt: its transaction read version %d", version)
+        return True
+
+    def _judge(self) -> None:
+        if self.report.found is not None:
+            return
+        fresh = False
+        while (commit := self.log.commit_if_present(self.report.read_version + len(self._winners) + 1)) is not None:
+            self._winners.append(commit)
+            fresh = True
+        self.report.commits_seen = len(self._winners)
+        if fresh:
+            found = certain_conflict(self.running, self._winners)
+            if found is not None:
+                self.report.found = found
+                self.report.found_after = round(self.clock() - self._began, 3)
+
+
+class EarlyAbort:
+    """Early abort for one job: each attempt (``attempt``) is pinned, watched and, when doomed, stopped.
+
+    Built only for a job certain to commit (``jobs.footprint.certain_to_commit``): a job that may commit
+    nothing cannot fail, so no commit can doom it.
+    """
+
+    def __init__(self, spec: JobSpec, watch: TableWatch) -> None:
+        self.spec = spec
+        self.watch = watch
+        self.reports: list[WatchReport] = []
+
+    @classmethod
+    def for_job(cls, spec: JobSpec, watch: TableWatch, source: Any) -> EarlyAbort | None:
+        """Early abort for ``spec``, or ``None`` (logged) when no commit can doom it. ``source`` is the job's
+        materialised source: its rows are counted when they decide whether the job commits."""
+        rows = None
+        if source is not None and certain_to_commit(spec, 1):   # counted only where the count decides
+            rows = int(source.count())
+        if not certain_to_commit(spec, rows):
+            log.info("Early abort does not watch this %s: it may commit nothing (%s), and then no commit fails it",
+                     spec.operation, "no source rows" if rows == 0 else
+                     "only a MERGE with an unconditional WHEN MATCHED and WHEN NOT MATCHED clause, an append or an "
+                     "overwrite with rows is known to commit before it runs")
+            return None
+        return cls(spec, watch)
+
+    @contextlib.contextmanager
+    def attempt(self, session: Any, newest: Callable[[], int]) -> Iterator[None]:
+        """Run the attempt's statement inside: pinned, tagged and watched. ``newest`` reads the table's newest
+        version through the session (a history read, which brings the driver's snapshot up to date).
+
+        Raises:
+            JobStoppedEarly: the watch cancelled the attempt's Spark work (from the error the statement ended with).
+        """
+        try:
+            watcher, work = self._watcher(session, newest)
+        except Exception as exc:   # an optimisation: the attempt runs unwatched, to Delta's own check
+            log.warning("Early abort is off for this attempt: %s: %s", type(exc).__name__, exc)
+            watcher = None
+        if watcher is None:
+            yield
+            return
+        with work.tagged():
+            watcher.start()
+            try:
+                yield
+            except Exception as exc:
+                report = self._stopped(watcher)
+                if report.found is not None and classify_conflict(exc) is None:   # ended by the cancel, not by Delta
+                    raise _stopped_early(report) from exc
+                raise
+            report = self._stopped(watcher)
+        if report.found is not None:   # the judge said certain, and Delta committed: a defect to report
+            log.error("Early abort judged this attempt doomed (%s), yet its statement committed; its cancel came too "
+                      "late to stop it. Please report this: early abort must never judge a commit that succeeds.",
+                      report.found.describe())
+
+    def _watcher(self, session: Any, newest: Callable[[], int]) -> tuple[AttemptWatch | None, Any]:
+        version = pin_version(newest)
+        if version is None:
+            log.info("Early abort does not judge this attempt: the table moved between every pair of reads")
+            return None, None
+        table_log = self.watch.open_log()
+        running = running_commit_of(self.spec, table_log.snapshot(version), commits=True)
+        work = spark_work(session)
+        return AttemptWatch(table_log, running, work, self.watch.interval), work
+
+    def _stopped(self, watcher: AttemptWatch) -> WatchReport:
+        report = watcher.stop()
+        self.reports.append(report)
+        if report.judged and report.found is None:
+            log.info("Early abort watched this attempt: %d commit(s) landed after version %d while it ran, none "
+                     "makes its commit certain to fail", report.commits_seen, report.read_version)
+        return report
+
+
+def _stopped_early(report: WatchReport) -> JobStoppedEarly:
+    found = report.found
+    assert found is not None
+    return JobStoppedEarly(
+        f"{found.kind.value} foreseen while the job ran, so its Spark work was stopped "
+        f"{report.cancelled_after if report.cancelled_after is not None else report.found_after} s into the attempt "
+        f"instead of failing at its commit: {found.describe()}",
+        kind=found.kind, version=found.version, operation=found.operation)

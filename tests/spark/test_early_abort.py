@@ -1,0 +1,125 @@
+"""Early abort on real delta-spark, through the operator: a MERGE of several seconds, and a commit that lands
+while it runs.
+
+* In its partition: the MERGE is certain to fail at its commit, so its Spark work is cancelled within two watch
+  intervals of the commit, nothing of it is committed, and the retry writes the exact table.
+* In another partition: the MERGE commits on its first attempt, never cancelled, and the watch did see the
+  commit (so the test is not passing on a watch that never ran).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from airflow_delta_occ.engine import DeltaLog
+from airflow_delta_occ.engine.log_segment import commit_file_name
+from airflow_delta_occ.operators.delta import DeltaMergeOperator
+
+from .jobs import context
+
+ROWS = 6_000_000
+FILES = 4
+INTERVAL = 0.5
+WATCH_LOGGER = "airflow_delta_occ.spark.early_abort"
+
+
+@pytest.fixture(scope="module")
+def big_base(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Partition p=1 with ROWS rows in FILES files (a MERGE touching every file rewrites them all: seconds of
+    Spark work), partition p=2 with one row."""
+    path = str(tmp_path_factory.mktemp("early_abort") / "base")
+    spark.range(0, ROWS, 1, FILES).selectExpr("CAST(id AS INT) AS id", "1 AS p", "0 AS v") \
+        .write.format("delta").partitionBy("p").save(path)
+    spark.createDataFrame([(-1, 2, 0)], "id INT, p INT, v INT").write.format("delta").mode("append").save(path)
+    return path
+
+
+@pytest.fixture
+def table(big_base: str, tmp_path: Any) -> str:
+    path = str(tmp_path / "t")
+    shutil.copytree(big_base, path)
+    return path
+
+
+def _source(spark: Any, tmp_path: Any) -> str:
+    """One row in each file of p=1 (so every file is rewritten) and one new row."""
+    path = str(tmp_path / "src")
+    ids = [i * (ROWS // FILES) + 7 for i in range(FILES)] + [ROWS + 100]
+    spark.createDataFrame([(i, 1, 5) for i in ids], "id INT, p INT, v INT").write.format("delta").save(path)
+    return path
+
+
+def _merge(table: str, src: str) -> DeltaMergeOperator:
+    return DeltaMergeOperator(
+        task_id="merge_p1", table=table, source=src, merge_condition="t.id = s.id", partitions={"p": 1},
+        clauses=[{"kind": "matched_update", "set": {"v": "s.v"}}, {"kind": "not_matched_insert_all"}],
+        conflict_policies={"ConcurrentAppendException": {"initial_delay": 0.0, "jitter": 0.0}},
+        early_abort=True, early_abort_interval=INTERVAL)
+
+
+def _race(spark: Any, table: str, src: str, other_partition: int, caplog: Any) -> tuple[dict[str, Any], int, float]:
+    """Run the MERGE in a thread; once its watch judges, commit one row into ``other_partition`` from another
+    session. Returns the MERGE's result, the other commit's version and when its commit file was written."""
+    caplog.set_level(logging.INFO, logger=WATCH_LOGGER)
+    done: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            done["result"] = _merge(table, src).execute(context("merge_p1"))
+        except BaseException as exc:   # reported by the assertion below
+            done["error"] = exc
+
+    merge = threading.Thread(target=run)
+    merge.start()
+    deadline = time.monotonic() + 120
+    while not any("Early abort judges this attempt" in r.getMessage() for r in caplog.records):
+        assert merge.is_alive() and time.monotonic() < deadline, f"the watch never judged: {done}"
+        time.sleep(0.05)
+    spark.newSession().sql(f"INSERT INTO delta.`{table}` VALUES (-4242, {other_partition}, 0)").collect()
+    version = DeltaLog.for_table(table).latest_version()
+    landed = os.path.getmtime(os.path.join(table, "_delta_log", commit_file_name(version)))
+    merge.join(300)
+    assert "error" not in done, done.get("error")
+    return done["result"], version, landed
+
+
+def test_a_merge_doomed_by_a_commit_in_its_partition_is_stopped_early(spark: Any, table: str, tmp_path: Any,
+                                                                     caplog: Any) -> None:
+    src = _source(spark, tmp_path)
+    before = DeltaLog.for_table(table).latest_version()
+    result, other, landed = _race(spark, table, src, 1, caplog)
+
+    assert result["attempts"] == 2 and result["confirmed"]
+    stopped = result["conflicts"][0]
+    assert stopped["early"] and stopped["kind"] == "ConcurrentAppendException" and stopped["action"] == "retry"
+    assert stopped["winning_version"] == other and stopped["winning_operation"] == "WRITE"
+    cancels = [r for r in caplog.records if r.getMessage().startswith("Early abort: version")]
+    assert cancels, "no cancel was logged"
+    assert cancels[0].created - landed <= 2 * INTERVAL + 0.5, (
+        f"cancelled {cancels[0].created - landed:.2f} s after the commit landed")
+    # Nothing of the stopped attempt was committed: the log holds the other commit, then one MERGE.
+    after = DeltaLog.for_table(table).commits_after(before)
+    assert [c.commit_info.operation for c in after] == ["WRITE", "MERGE"]   # type: ignore[union-attr]
+    assert result["version"] == other + 1
+    # The retry wrote the exact table: every touched row updated once, the new row inserted once, the other
+    # commit's row kept.
+    got = spark.sql(f"SELECT count(*) AS n, sum(v) AS s, count(DISTINCT id) AS d FROM delta.`{table}`").collect()[0]
+    assert (got["n"], got["s"], got["d"]) == (ROWS + 3, 5 * (FILES + 1), ROWS + 3)
+
+
+def test_a_merge_beside_a_commit_in_another_partition_is_never_stopped(spark: Any, table: str, tmp_path: Any,
+                                                                      caplog: Any) -> None:
+    src = _source(spark, tmp_path)
+    result, other, _ = _race(spark, table, src, 2, caplog)
+
+    assert result["attempts"] == 1 and result["conflicts"] == [] and result["version"] == other + 1
+    assert not [r for r in caplog.records if r.getMessage().startswith("Early abort: version")]
+    watched = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Early abort watched")]
+    assert watched and "1 commit(s) landed" in watched[0], watched

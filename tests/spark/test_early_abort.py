@@ -5,10 +5,14 @@ while it runs.
   intervals of the commit, nothing of it is committed, and the retry writes the exact table.
 * In another partition: the MERGE commits on its first attempt, never cancelled, and the watch did see the
   commit (so the test is not passing on a watch that never ran).
+
+The doomed MERGE runs embedded and over Spark Connect (the tier's shared server): the two modes tag, see and
+cancel a statement's Spark work differently.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -56,15 +60,28 @@ def _source(spark: Any, tmp_path: Any) -> str:
     return path
 
 
-def _merge(table: str, src: str) -> DeltaMergeOperator:
+@pytest.fixture(params=["embedded", "connect"])
+def conn_id(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str | None:
+    """The MERGE's ``delta_conn_id``: the default (embedded), or a Connect connection to the shared server."""
+    if request.param == "embedded":
+        return None
+    url = request.getfixturevalue("connect_server")["url"]
+    monkeypatch.setenv("AIRFLOW_CONN_DELTA_OCC_EARLY", json.dumps(
+        {"conn_type": "delta_occ", "extra": {"mode": "connect", "connect_url": url}}))
+    return "delta_occ_early"
+
+
+def _merge(table: str, src: str, conn_id: str | None = None) -> DeltaMergeOperator:
     return DeltaMergeOperator(
         task_id="merge_p1", table=table, source=src, merge_condition="t.id = s.id", partitions={"p": 1},
+        **({"delta_conn_id": conn_id} if conn_id else {}),
         clauses=[{"kind": "matched_update", "set": {"v": "s.v"}}, {"kind": "not_matched_insert_all"}],
         conflict_policies={"ConcurrentAppendException": {"initial_delay": 0.0, "jitter": 0.0}},
         early_abort=True, early_abort_interval=INTERVAL)
 
 
-def _race(spark: Any, table: str, src: str, other_partition: int, caplog: Any) -> tuple[dict[str, Any], int, float]:
+def _race(spark: Any, table: str, src: str, other_partition: int, caplog: Any, conn_id: str | None = None
+          ) -> tuple[dict[str, Any], int, float]:
     """Run the MERGE in a thread; once its watch judges, commit one row into ``other_partition`` from another
     session. Returns the MERGE's result, the other commit's version and when its commit file was written."""
     caplog.set_level(logging.INFO, logger=WATCH_LOGGER)
@@ -72,7 +89,7 @@ def _race(spark: Any, table: str, src: str, other_partition: int, caplog: Any) -
 
     def run() -> None:
         try:
-            done["result"] = _merge(table, src).execute(context("merge_p1"))
+            done["result"] = _merge(table, src, conn_id).execute(context("merge_p1"))
         except BaseException as exc:   # reported by the assertion below
             done["error"] = exc
 
@@ -91,12 +108,12 @@ def _race(spark: Any, table: str, src: str, other_partition: int, caplog: Any) -
 
 
 def test_a_merge_doomed_by_a_commit_in_its_partition_is_stopped_early(spark: Any, table: str, tmp_path: Any,
-                                                                     caplog: Any) -> None:
+                                                                     caplog: Any, conn_id: str | None) -> None:
     src = _source(spark, tmp_path)
     before = DeltaLog.for_table(table).latest_version()
-    result, other, landed = _race(spark, table, src, 1, caplog)
+    result, other, landed = _race(spark, table, src, 1, caplog, conn_id)
 
-    assert result["attempts"] == 2 and result["confirmed"]
+    assert result["attempts"] == 2 and result["confirmed"], result["conflicts"]
     stopped = result["conflicts"][0]
     assert stopped["early"] and stopped["kind"] == "ConcurrentAppendException" and stopped["action"] == "retry"
     assert stopped["winning_version"] == other and stopped["winning_operation"] == "WRITE"

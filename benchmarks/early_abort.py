@@ -1,0 +1,168 @@
+"""Early abort: a long MERGE, and a foreign commit that lands early in it, with and without early abort.
+
+    .venv/bin/python benchmarks/early_abort.py                 # 3 rounds, a MERGE of about a minute here
+    .venv/bin/python benchmarks/early_abort.py --rows 8000000 --rounds 1 --no-write   # a quick look
+
+One partitioned table: partition p=1 holds ``--rows`` rows in ``FILES`` files, and the MERGE (through
+``DeltaMergeOperator``, embedded mode) updates one row in each file and inserts one, so it rewrites the whole
+partition. A calibration run (no foreign commit) gives the MERGE's own duration D. Each round then runs the
+MERGE twice on a fresh copy of the table, once with ``early_abort=False`` and once with ``early_abort=True``
+(the order alternates with the round); at 10% of D another session commits one row into p=1 (a plain
+``INSERT``, as a streaming job or another team's tool would), which makes the MERGE's commit certain to fail.
+
+Reported per run: the time from the MERGE's start to its committed result; the Spark seconds thrown away (the
+attempt the conflict ended: ``ConflictRecord.seconds``); attempts; whether the first attempt was stopped early.
+The table is checked after every run (every row once, the updates and the insert applied once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from _report import machine, write_section  # noqa: E402
+
+FILES = 8
+INTERVAL = 1.0
+FOREIGN_AT = 0.10
+
+
+def build(spark: Any, path: str, rows: int) -> None:
+    spark.range(0, rows, 1, FILES).selectExpr("CAST(id AS INT) AS id", "1 AS p", "0 AS v") \
+        .write.format("delta").partitionBy("p").save(path)
+    spark.createDataFrame([(-1, 2, 0)], "id INT, p INT, v INT").write.format("delta").mode("append").save(path)
+
+
+def source(spark: Any, path: str, rows: int) -> None:
+    ids = [i * (rows // FILES) + 7 for i in range(FILES)] + [rows + 100]
+    spark.createDataFrame([(i, 1, 5) for i in ids], "id INT, p INT, v INT").write.format("delta").save(path)
+
+
+def merge(table: str, src: str, early: bool, task: str) -> dict[str, Any]:
+    from airflow_delta_occ.operators.delta import DeltaMergeOperator
+
+    op = DeltaMergeOperator(
+        task_id=task, table=table, source=src, merge_condition="t.id = s.id", partitions={"p": 1},
+        clauses=[{"kind": "matched_update", "set": {"v": "s.v"}}, {"kind": "not_matched_insert_all"}],
+        conflict_policies={"ConcurrentAppendException": {"initial_delay": 0.0, "jitter": 0.0}},
+        early_abort=early, early_abort_interval=INTERVAL)
+    ti = SimpleNamespace(dag_id="early_abort_bench", task_id=task, map_index=-1, try_number=1)
+    return op.execute({"ti": ti, "run_id": f"bench__{task}"})  # type: ignore[no-any-return]
+
+
+def run_once(spark: Any, base: str, work: Path, src: str, rows: int, early: bool, foreign_after: float | None,
+             name: str) -> dict[str, Any]:
+    table = str(work / name)
+    shutil.copytree(base, table)
+    done: dict[str, Any] = {}
+
+    def job() -> None:
+        try:
+            done["result"] = merge(table, src, early, name)
+        except BaseException as exc:   # reported below
+            done["error"] = exc
+
+    thread = threading.Thread(target=job)
+    started = time.monotonic()
+    thread.start()
+    if foreign_after is not None:
+        time.sleep(foreign_after)
+        spark.newSession().sql(f"INSERT INTO delta.`{table}` VALUES (-4242, 1, 0)").collect()
+    thread.join()
+    seconds = time.monotonic() - started
+    if "error" in done:
+        raise done["error"]
+    result = done["result"]
+    got = spark.sql(f"SELECT count(*) AS n, sum(v) AS s, count(DISTINCT id) AS d FROM delta.`{table}`").collect()[0]
+    extra = 1 if foreign_after is not None else 0
+    expected = (rows + 2 + extra, 5 * (FILES + 1), rows + 2 + extra)
+    if (got["n"], got["s"], got["d"]) != expected:
+        raise AssertionError(f"{name}: table is {tuple(got)}, expected {expected}")
+    shutil.rmtree(table, ignore_errors=True)
+    conflicts = result["conflicts"]
+    return {"seconds": seconds, "attempts": result["attempts"],
+            "wasted": sum(c["seconds"] for c in conflicts), "early": bool(conflicts and conflicts[0]["early"]),
+            "kinds": [c["kind"] for c in conflicts]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=48_000_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="early_abort_airflow_"))
+    from airflow_delta_occ.spark.session import local_delta_session
+
+    spark = local_delta_session("early-abort-bench")
+    work = Path(tempfile.mkdtemp(prefix="early_abort_bench_"))
+    try:
+        base, src = str(work / "base"), str(work / "src")
+        t0 = time.monotonic()
+        build(spark, base, args.rows)
+        source(spark, src, args.rows)
+        print(f"built {args.rows:,} rows in {time.monotonic() - t0:.0f} s", file=sys.stderr)
+        calibration = run_once(spark, base, work, src, args.rows, False, None, "calibration")
+        duration = calibration["seconds"]
+        print(f"the MERGE alone: {duration:.1f} s", file=sys.stderr)
+        runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
+        for r in range(args.rounds):
+            for early in ((False, True) if r % 2 == 0 else (True, False)):
+                run = run_once(spark, base, work, src, args.rows, early, FOREIGN_AT * duration,
+                               f"round{r}_{'early' if early else 'plain'}")
+                runs[early].append(run)
+                print(f"round {r} early_abort={early}: {run}", file=sys.stderr)
+    finally:
+        spark.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    report = render(args, duration, runs)
+    print(report)
+    if not args.no_write:
+        write_section("early-abort", "Early abort: a doomed MERGE stopped early (issue #25)", report)
+
+
+def render(args: argparse.Namespace, duration: float, runs: dict[bool, list[dict[str, Any]]]) -> str:
+    def median(early: bool, key: str) -> float:
+        return statistics.median(r[key] for r in runs[early])
+
+    def spread(early: bool, key: str) -> str:
+        values = [r[key] for r in runs[early]]
+        return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+
+    lines = [
+        f"Measured {time.strftime('%Y-%m-%d')} on {machine()}; `python benchmarks/early_abort.py --rows {args.rows} "
+        f"--rounds {args.rounds}`. A MERGE through `DeltaMergeOperator` (embedded, `local[2]`) rewrites partition "
+        f"p=1 ({args.rows:,} rows in {FILES} files): {duration:.1f} s alone (calibration run). At "
+        f"{FOREIGN_AT:.0%} of that, another session commits one row into p=1, which dooms the MERGE's commit "
+        f"(ConcurrentAppendException). Watch interval {INTERVAL:g} s. Medians (min-max) over {args.rounds} "
+        "round(s); each round runs both, alternating which goes first, on a fresh copy of the table.",
+        "",
+        "| early abort | runs | to the committed result (s) | Spark seconds thrown away | attempts | stopped early |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for early in (False, True):
+        lines.append(f"| {'on' if early else 'off'} | {len(runs[early])} | {spread(early, 'seconds')} | "
+                     f"{spread(early, 'wasted')} | {median(early, 'attempts'):g} | "
+                     f"{sum(r['early'] for r in runs[early])} of {len(runs[early])} |")
+    lines += ["",
+              f"- Time to the committed result: {median(False, 'seconds') / median(True, 'seconds'):.2f}x shorter "
+              "with early abort (medians).",
+              f"- Spark seconds thrown away: {median(False, 'wasted'):.1f} s without, {median(True, 'wasted'):.1f} s "
+              "with early abort (medians)."]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

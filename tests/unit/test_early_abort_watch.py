@@ -1,0 +1,186 @@
+"""Early abort around the judge: which jobs are certain to commit, the pinned read version, the watch of one
+attempt (with a stand-in for Spark, on a real log), the options and arguments that turn it on, and how a stopped
+attempt is recorded and retried. (tests/spark/test_early_abort.py runs it on real Spark.)"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from airflow_delta_occ import config
+from airflow_delta_occ.engine import DeltaLog
+from airflow_delta_occ.engine.errors import ConflictKind
+from airflow_delta_occ.engine.expressions import Column, Comparison, Literal
+from airflow_delta_occ.exceptions import ConflictFailure, JobSpecError, JobStoppedEarly, ProviderConfigError
+from airflow_delta_occ.jobs.footprint import certain_to_commit, running_commit_of
+from airflow_delta_occ.jobs.operations import ClauseKind, JobOperation
+from airflow_delta_occ.jobs.result import JobResult, JobStatus
+from airflow_delta_occ.jobs.spec import JobSpec, MergeClause, RunIdentity, SourceRef, TableRef
+from airflow_delta_occ.operators.delta import DeltaMergeOperator
+from airflow_delta_occ.retry.policy import RetryOutcome, policies_for, run_with_policies
+from airflow_delta_occ.spark.early_abort import AttemptWatch, pin_version
+
+from .engine.logbuilder import LogBuilder, add, commit_info, metadata, protocol
+
+pytestmark = pytest.mark.unit
+
+DE = {"date": "2024-01-01", "country": "DE"}
+FR = {"date": "2024-01-01", "country": "FR"}
+RUN = RunIdentity("d", "t", "r")
+
+
+def _merge(*clauses: MergeClause) -> JobSpec:
+    condition = Comparison("=", Column("country", "t"), Literal("DE"))
+    return JobSpec(operation=JobOperation.MERGE, target=TableRef(path="/t"), run=RUN, source=SourceRef(path="/s"),
+                   condition=condition, clauses=clauses)
+
+
+def test_only_jobs_certain_to_commit_are_watched():
+    both = _merge(MergeClause(ClauseKind.MATCHED_UPDATE_ALL), MergeClause(ClauseKind.NOT_MATCHED_INSERT_ALL))
+    assert certain_to_commit(both, 3) and not certain_to_commit(both, 0) and not certain_to_commit(both, None)
+    # A source row that matches nothing, or matches only a conditional clause, changes nothing: no commit.
+    assert not certain_to_commit(_merge(MergeClause(ClauseKind.NOT_MATCHED_INSERT_ALL)), 3)
+    conditional = MergeClause(ClauseKind.MATCHED_DELETE, condition=Comparison("=", Column("v", "s"), Literal(1)))
+    assert not certain_to_commit(_merge(conditional, MergeClause(ClauseKind.NOT_MATCHED_INSERT_ALL)), 3)
+    assert certain_to_commit(JobSpec(operation=JobOperation.APPEND, target=TableRef(path="/t"), run=RUN,
+                                     source=SourceRef(path="/s")), 0)
+    delete = JobSpec(operation=JobOperation.DELETE, target=TableRef(path="/t"), run=RUN)
+    assert not certain_to_commit(delete, None)
+
+
+def test_the_read_version_is_pinned_when_two_reads_agree():
+    reads = iter([4, 5, 5])
+    assert pin_version(lambda: next(reads)) == 5
+    moving = iter(range(10))
+    assert pin_version(lambda: next(moving), tries=3) is None
+
+
+class _Work:
+    """Stands in for an attempt's Spark work: started when the test says, counts its cancels."""
+
+    def __init__(self) -> None:
+        self.began = threading.Event()
+        self.cancels = 0
+
+    def started(self) -> bool:
+        return self.began.is_set()
+
+    def cancel(self) -> None:
+        self.cancels += 1
+
+
+def _table(tmp_path):
+    b = LogBuilder(tmp_path / "t")
+    b.commit(commit_info("CREATE TABLE"), protocol(), metadata())
+    b.commit(commit_info(), add("de-0.parquet", DE), add("fr-0.parquet", FR))
+    return b
+
+
+def _watch(b, version=1):
+    log = DeltaLog.for_table(b.root)
+    running = running_commit_of(_merge(MergeClause(ClauseKind.MATCHED_UPDATE_ALL),
+                                       MergeClause(ClauseKind.NOT_MATCHED_INSERT_ALL)),
+                                log.snapshot(version), commits=True)
+    work = _Work()
+    return AttemptWatch(log, running, work, interval=0.02), work
+
+
+def _until(condition, seconds=5.0):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_fatal_commit_is_judged_only_after_the_work_began_and_cancelled_until_the_attempt_ends(tmp_path):
+    b = _table(tmp_path)
+    watch, work = _watch(b)
+    watch.start()
+    time.sleep(0.1)
+    assert not watch.report.judged and work.cancels == 0   # no Spark work yet: the version read is not known
+    work.began.set()
+    _until(lambda: watch.report.judged)
+    b.commit(commit_info("WRITE"), add("fr-1.parquet", FR))   # another partition: judged, not fatal
+    _until(lambda: watch.report.commits_seen == 1)
+    assert watch.report.found is None and work.cancels == 0
+    b.commit(commit_info("MERGE"), add("de-1.parquet", DE))
+    _until(lambda: work.cancels >= 3)   # again at every interval while the statement has not returned
+    report = watch.stop()
+    assert report.found is not None and report.found.version == 3 and report.found.kind is ConflictKind.APPEND
+    assert report.cancelled_after is not None and report.found_after is not None
+
+
+def test_a_commit_before_the_work_was_seen_leaves_the_attempt_unjudged(tmp_path):
+    # It may have landed before the transaction read the log: it may be in its snapshot, not a winner.
+    b = _table(tmp_path)
+    watch, work = _watch(b)
+    watch.start()
+    b.commit(commit_info("MERGE"), add("de-1.parquet", DE))
+    work.began.set()
+    _until(lambda: watch.report.not_judged is not None)
+    report = watch.stop()
+    assert not report.judged and report.found is None and work.cancels == 0
+    assert "version 2 landed before" in (report.not_judged or "")
+
+
+def test_a_stopped_attempt_is_retried_as_its_conflict_and_recorded_as_early():
+    calls = []
+
+    def attempt(n: int) -> str:
+        calls.append(n)
+        if n == 1:
+            raise JobStoppedEarly("ConcurrentAppendException foreseen ...", kind=ConflictKind.APPEND, version=7,
+                                  operation="WRITE")
+        return "done"
+
+    outcome = RetryOutcome()
+    assert run_with_policies(attempt, policies_for("merge", {"ConcurrentAppendException": {"initial_delay": 0.0,
+                                                                                          "jitter": 0.0}}),
+                             outcome=outcome, sleep=lambda _: None) == "done"
+    record = outcome.conflicts[0]
+    assert calls == [1, 2] and record.early and record.winning_version == 7 and record.winning_operation == "WRITE"
+    assert "foreseen and stopped early" in record.describe("/t", 5)
+    result = JobResult(status=JobStatus.SUCCESS, table="/t", operation="merge", conflicts=(record,))
+    assert JobResult.from_json(result.to_json()).conflicts == (record,)
+    # Attempts that run out end as the conflict's failure, which Airflow's retry policy decides on.
+    with pytest.raises(ConflictFailure) as failed:
+        run_with_policies(lambda n: attempt(1), policies_for("merge", {"ConcurrentAppendException": "fail"}),
+                          sleep=lambda _: None)
+    assert failed.value.kind is ConflictKind.APPEND
+
+
+def test_options_and_arguments(monkeypatch):
+    monkeypatch.delenv("AIRFLOW__DELTA_OCC__EARLY_ABORT", raising=False)
+    monkeypatch.delenv("AIRFLOW__DELTA_OCC__EARLY_ABORT_INTERVAL", raising=False)
+    assert config.early_abort() is False and config.early_abort_interval() == 1.0
+    monkeypatch.setenv("AIRFLOW__DELTA_OCC__EARLY_ABORT", "true")
+    monkeypatch.setenv("AIRFLOW__DELTA_OCC__EARLY_ABORT_INTERVAL", "2.5")
+    assert config.early_abort() is True and config.early_abort_interval() == 2.5
+    for bad in ("0", "-1", "61", "nan", "soon", ""):
+        monkeypatch.setenv("AIRFLOW__DELTA_OCC__EARLY_ABORT_INTERVAL", bad)
+        with pytest.raises(ProviderConfigError, match=r"\[delta_occ\] early_abort_interval"):
+            config.early_abort_interval()
+    monkeypatch.setenv("AIRFLOW__DELTA_OCC__EARLY_ABORT", "maybe")
+    with pytest.raises(ProviderConfigError, match=r"\[delta_occ\] early_abort is 'maybe'"):
+        config.early_abort()
+    # Refused when the DAG is parsed.
+    kwargs = {"task_id": "m", "table": "/t", "source": "/s", "merge_condition": "t.id = s.id"}
+    with pytest.raises(JobSpecError, match="early_abort must be"):
+        DeltaMergeOperator(**kwargs, early_abort="yes")
+    for bad in (0, -1.0, 120, True, "1"):
+        with pytest.raises(ProviderConfigError, match="early_abort_interval must be"):
+            DeltaMergeOperator(**kwargs, early_abort_interval=bad)
+    op = DeltaMergeOperator(**kwargs, early_abort=True, early_abort_interval=0.5)
+    assert (op.early_abort, op.early_abort_interval) == (True, 0.5)
+
+
+def test_the_exception_survives_pickling_with_its_fields():
+    import pickle
+
+    stopped = JobStoppedEarly("m", kind=ConflictKind.DELETE_READ, version=3, operation="OPTIMIZE")
+    exc = pickle.loads(pickle.dumps(stopped))
+    assert (exc.kind, exc.version, exc.operation, str(exc)) == (ConflictKind.DELETE_READ, 3, "OPTIMIZE", "m")
+    assert json.loads(json.dumps({"kind": exc.kind}))["kind"] == "ConcurrentDeleteReadException"

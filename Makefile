@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-unit test-spark test-airflow test-postgres test-s3 lint typecheck docs bench bench-headline bench-overhead bench-scale demo clean
+.PHONY: setup test test-unit test-spark test-airflow test-postgres test-s3 lint typecheck docs bench bench-headline bench-overhead bench-early-abort bench-scale demo clean
 
 setup: $(STAMP)
 
@@ -62,6 +62,10 @@ bench-headline: setup
 
 bench-overhead: setup
 	$(PY) benchmarks/overhead.py $(OVERHEAD_ARGS)
+
+## A long MERGE doomed by a foreign commit, with and without early abort (about 10 minutes).
+bench-early-abort: setup
+	$(PY) benchmarks/early_abort.py $(EARLY_ABORT_ARGS)
 
 ## Thousand-task backfills and faults on a Celery deployment (2 schedulers, 2 triggerers, 2 workers); long.
 ## Needs redis-server and PostgreSQL's server binaries (see .ci/run). SCALE_ARGS="--days 200 --writers 100" for less.

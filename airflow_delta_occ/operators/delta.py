@@ -658,6 +658,9 @@ class DeltaBaseOperator(BaseOperator):
             # and needs no lease, and the next writer's Spark work should not wait for it.
             with holding.holding(store, lease, pool.heartbeat, self.log):
                 ran = self._run_in_spark(prepared)
+                lease.release_note = "; ".join(
+                    f"attempt {c.attempt} stopped early by version {c.winning_version} ({c.winning_operation}): "
+                    f"{c.kind.value}" for c in ran.conflicts if c.early)
         finally:
             self._held_lease = None
         result = self._finish(prepared, ran, started)

@@ -535,7 +535,8 @@ def cancel_requests(store: LeaseStore, owner: str, request_ids: Iterable[str], *
 # -- holding the lease while a job runs -------------------------------------------------------------
 @dataclass
 class HeldLease:
-    """A granted lease while the job runs; ``lost`` is set by the heartbeat."""
+    """A granted lease while the job runs; ``lost`` is set by the heartbeat. ``release_note`` is what the job
+    wants the release's audit line to say (an attempt stopped early, say)."""
 
     pool: str
     request_id: str
@@ -543,6 +544,7 @@ class HeldLease:
     waited: float
     waited_for: list[str] = field(default_factory=list)
     lost: bool = False
+    release_note: str = ""
 
 
 class _Heartbeat(threading.Thread):
@@ -583,14 +585,14 @@ def holding(store: LeaseStore, lease: HeldLease, heartbeat: float, log: Log) -> 
     finally:
         beat.stopped.set()
         beat.join(heartbeat + 30)
-        release_quietly(store, lease.request_id, lease.owner, log)
+        release_quietly(store, lease.request_id, lease.owner, log, note=lease.release_note)
 
 
-def release_quietly(store: LeaseStore, request_id: str, owner: str, log: Log) -> bool:
+def release_quietly(store: LeaseStore, request_id: str, owner: str, log: Log, *, note: str = "") -> bool:
     """Release a lease or request, logging (not raising) a failure: it expires after its TTL anyway.
-    Whether a live lease or request was released."""
+    Whether a live lease or request was released. ``note`` goes into the release's audit line."""
     try:
-        released = store.release(request_id, owner)
+        released = store.release(request_id, owner, note=note)
         log.info("lease %s of %s %s", request_id, owner, "released" if released else "was already gone")
         return bool(released)
     except LeaseError as exc:

@@ -18,7 +18,9 @@ that commits. Delta does not show that version until the commit, so the watch pi
    not judged (it runs to its commit as without early abort).
 3. From then on, each interval reads the next commit by name (one read, no listing), judges the commits since
    ``v`` and, when one is fatal, cancels the attempt's Spark work, again at every interval until the statement
-   returns (a cancel between two Spark jobs reaches the next one).
+   returns (a cancel between two Spark jobs reaches the next one). A commit of the job's own task run (its
+   ``userMetadata``) ends the watch at once: the statement committed, and a cancel now would only turn its
+   success into an error after the fact (a non-idempotent job would then write twice).
 
 The runner then reports the attempt as the conflict Delta would have raised (``JobStoppedEarly``), which the
 retry policies treat like the conflict itself, and the next attempt starts from the newer version.
@@ -149,15 +151,17 @@ class WatchReport:
     found_after: float | None = None      # seconds from the statement's start to the verdict
     cancelled_after: float | None = None  # ... to the first cancel sent
     commits_seen: int = 0
+    committed: bool = False               # the job's own commit was seen: the watch ended there
 
 
 class AttemptWatch:
     """Watches one attempt from a helper thread (``start`` before the statement, ``stop`` after it)."""
 
     def __init__(self, log_: DeltaLog, running: RunningCommit, work: SparkWork, interval: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 own: Callable[[Commit], bool], clock: Callable[[], float] = time.monotonic) -> None:
         self.log = log_
         self.running = running
+        self.own = own
         self.work = work
         self.interval = interval
         self.clock = clock
@@ -184,6 +188,8 @@ class AttemptWatch:
                 if self.report.not_judged is not None:
                     return
                 self._judge()
+                if self.report.committed:
+                    return
                 if self.report.found is not None:
                     self.work.cancel()   # again at every interval: a cancel between two Spark jobs reaches the next
                     if self.report.cancelled_after is None:
@@ -213,6 +219,9 @@ class AttemptWatch:
             return
         fresh = False
         while (commit := self.log.commit_if_present(self.report.read_version + len(self._winners) + 1)) is not None:
+            if self.own(commit):   # the statement committed: nothing left to stop
+                self.report.committed = True
+                return
             self._winners.append(commit)
             fresh = True
         self.report.commits_seen = len(self._winners)
@@ -272,14 +281,28 @@ class EarlyAbort:
                 yield
             except Exception as exc:
                 report = self._stopped(watcher)
-                if report.found is not None and classify_conflict(exc) is None:   # ended by the cancel, not by Delta
+                if report.found is None or classify_conflict(exc) is not None:   # not the cancel's doing
+                    raise
+                if not self._committed(watcher):
                     raise _stopped_early(report) from exc
-                raise
+                # The statement committed before the cancel reached it (the judge was wrong): its error came
+                # after the fact, so the attempt succeeded, and retrying it would write again.
+                self._misjudged(report)
+                return
             report = self._stopped(watcher)
-        if report.found is not None:   # the judge said certain, and Delta committed: a defect to report
-            log.error("Early abort judged this attempt doomed (%s), yet its statement committed; its cancel came too "
-                      "late to stop it. Please report this: early abort must never judge a commit that succeeds.",
-                      report.found.describe())
+        if report.found is not None:
+            self._misjudged(report)
+
+    @staticmethod
+    def _misjudged(report: WatchReport) -> None:
+        assert report.found is not None
+        log.error("Early abort judged this attempt doomed (%s), yet its statement committed; its cancel came too "
+                  "late to stop it. Please report this: early abort must never judge a commit that succeeds.",
+                  report.found.describe())
+
+    def _committed(self, watcher: AttemptWatch) -> bool:
+        """Whether the log holds a commit of this task run after the version the attempt read."""
+        return any(self._own(c) for c in watcher.log.commits_after(watcher.report.read_version))
 
     def _watcher(self, session: Any, newest: Callable[[], int]) -> tuple[AttemptWatch | None, Any]:
         version = pin_version(newest)
@@ -289,7 +312,12 @@ class EarlyAbort:
         table_log = self.watch.open_log()
         running = running_commit_of(self.spec, table_log.snapshot(version), commits=True)
         work = spark_work(session)
-        return AttemptWatch(table_log, running, work, self.watch.interval), work
+        return AttemptWatch(table_log, running, work, self.watch.interval, own=self._own), work
+
+    def _own(self, commit: Commit) -> bool:
+        """Whether ``commit`` is this task run's (any try of it): never a winner against the job itself."""
+        info = commit.commit_info
+        return info is not None and self.spec.run.tagged(info.user_metadata)
 
     def _stopped(self, watcher: AttemptWatch) -> WatchReport:
         report = watcher.stop()

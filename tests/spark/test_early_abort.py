@@ -113,7 +113,9 @@ def test_a_merge_doomed_by_a_commit_in_its_partition_is_stopped_early(spark: Any
     before = DeltaLog.for_table(table).latest_version()
     result, other, landed = _race(spark, table, src, 1, caplog, conn_id)
 
-    assert result["attempts"] == 2 and result["confirmed"], result["conflicts"]
+    history = [(c.version, c.commit_info.operation, c.commit_info.read_version)   # type: ignore[union-attr]
+               for c in DeltaLog.for_table(table).commits_after(before)]
+    assert result["attempts"] == 2 and result["confirmed"], (result["conflicts"], history, before)
     stopped = result["conflicts"][0]
     assert stopped["early"] and stopped["kind"] == "ConcurrentAppendException" and stopped["action"] == "retry"
     assert stopped["winning_version"] == other and stopped["winning_operation"] == "WRITE"

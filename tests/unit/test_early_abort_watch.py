@@ -85,7 +85,8 @@ def _watch(b, version=1):
                                        MergeClause(ClauseKind.NOT_MATCHED_INSERT_ALL)),
                                 log.snapshot(version), commits=True)
     work = _Work()
-    return AttemptWatch(log, running, work, interval=0.02), work
+    own = lambda commit: commit.commit_info is not None and commit.commit_info.user_metadata == "mine"  # noqa: E731
+    return AttemptWatch(log, running, work, interval=0.02, own=own), work
 
 
 def _until(condition, seconds=5.0):
@@ -111,6 +112,22 @@ def test_a_fatal_commit_is_judged_only_after_the_work_began_and_cancelled_until_
     report = watch.stop()
     assert report.found is not None and report.found.version == 3 and report.found.kind is ConflictKind.APPEND
     assert report.cancelled_after is not None and report.found_after is not None
+
+
+def test_the_jobs_own_commit_ends_the_watch_and_is_never_judged(tmp_path):
+    # Found in the log before the statement returns (a checkpoint, a Connect response still on its way): judged
+    # as a winner it would doom the job's own success, and the cancel would turn it into an error and a retry.
+    b = _table(tmp_path)
+    watch, work = _watch(b)
+    work.began.set()
+    watch.start()
+    _until(lambda: watch.report.judged)
+    b.commit(commit_info("MERGE", userMetadata="mine"), add("de-1.parquet", DE))
+    b.commit(commit_info("MERGE"), add("de-2.parquet", DE))
+    _until(lambda: watch.report.committed)
+    time.sleep(0.1)
+    report = watch.stop()
+    assert report.found is None and work.cancels == 0 and report.commits_seen == 0
 
 
 def test_a_commit_before_the_work_was_seen_leaves_the_attempt_unjudged(tmp_path):
@@ -184,3 +201,23 @@ def test_the_exception_survives_pickling_with_its_fields():
     exc = pickle.loads(pickle.dumps(stopped))
     assert (exc.kind, exc.version, exc.operation, str(exc)) == (ConflictKind.DELETE_READ, 3, "OPTIMIZE", "m")
     assert json.loads(json.dumps({"kind": exc.kind}))["kind"] == "ConcurrentDeleteReadException"
+
+
+def test_a_pooled_jobs_early_stop_is_in_the_release_audit_line(tmp_path):
+    from airflow_delta_occ.engine.planner import TableState, plan_footprint
+    from airflow_delta_occ.pools.holding import HeldLease, holding
+    from airflow_delta_occ.pools.leases.memory import MemoryLeaseStore
+    from airflow_delta_occ.pools.requests import AuditKind, LeaseRequest
+
+    snapshot = DeltaLog.for_table(_table(tmp_path).root).snapshot()
+    store = MemoryLeaseStore()
+    request = LeaseRequest.of(pool="p", table="t", owner="o", footprint=plan_footprint(snapshot, "UPDATE", None),
+                              table_state=TableState.of(snapshot), ttl=30.0)
+    state = store.acquire(request)
+    assert state.granted
+    lease = HeldLease(pool="p", request_id=state.request_id, owner="o", waited=0.0)
+    with holding(store, lease, 5.0, __import__("logging").getLogger("test")):
+        lease.release_note = "attempt 1 stopped early by version 7 (WRITE): ConcurrentAppendException"
+    released = [e for e in store.history(pool="p") if e.kind is AuditKind.RELEASE]
+    assert released and released[0].detail.startswith("held ")
+    assert released[0].detail.endswith("; attempt 1 stopped early by version 7 (WRITE): ConcurrentAppendException")

@@ -412,8 +412,9 @@ class LeaseStore(ABC):
         raise LeaseLostError(f"lease {request_id} of {owner!r} is gone: it was released, or expired because its "
                              "heartbeat stopped for longer than its TTL")
 
-    def release(self, request_id: str, owner: str) -> bool:
-        """Give up a lease or a waiting request; ``False`` when it was already gone (idempotent).
+    def release(self, request_id: str, owner: str, *, note: str = "") -> bool:
+        """Give up a lease or a waiting request; ``False`` when it was already gone (idempotent). ``note``
+        is added to the audit line (what happened while the lease was held, such as an early abort).
 
         Raises:
             LeaseOwnershipError: ``owner`` does not own it (nothing is changed).
@@ -432,8 +433,9 @@ class LeaseStore(ABC):
                 return None
             txn.delete(request_id)
             held = row.record.status is LeaseStatus.GRANTED
+            detail = f"held {txn.now - (row.record.granted_at or txn.now):.3f} s" if held else ""
             self._audit(txn, row.record, AuditKind.RELEASE if held else AuditKind.CANCEL,
-                        f"held {txn.now - (row.record.granted_at or txn.now):.3f} s" if held else "")
+                        "; ".join(part for part in (detail, note[:500]) if part))
             return self._settle(txn, None)[1]
 
         rows = self._transact(pool, body, table=table)

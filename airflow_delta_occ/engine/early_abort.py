@@ -117,9 +117,11 @@ def running_commit(snapshot: Snapshot, operation: Operation | str, predicate: st
             schema = PartitionSchema.of(snapshot.metadata)
             reads = {f.path: f.partition_values for f in snapshot.files()
                      if _surely_matches(read, schema, f.partition_values)}
+    # A whole-table read is recorded as a read of every file (``filterFiles(TRUE)``), not as delta-spark's
+    # ``readWholeTable`` (which would also fail on the removal of a file added after the read): a NOT MATCHED BY
+    # SOURCE MERGE reads the predicate TRUE and the snapshot's files, nothing more.
     return RunningCommit(table=TableState.of(snapshot), operation=op, label=label or op.value, read_predicate=read,
-                         read_whole_table=reads_whole_table and read is not None,
-                         certain_reads=MappingProxyType(reads), commits=commits)
+                         read_whole_table=False, certain_reads=MappingProxyType(reads), commits=commits)
 
 
 def certain_conflict(running: RunningCommit, winners: Iterable[Commit]) -> CertainConflict | None:

@@ -131,16 +131,15 @@ def certain_to_commit(spec: JobSpec, source_rows: int | None) -> bool:
     """Whether the job is certain to commit a file action of its kind (``RunningCommit.commits``), known
     before its Spark work from its spec and the number of source rows it writes from.
 
-    delta-spark skips the commit of a statement that changed nothing, and an empty overwrite may change
-    nothing, so only these are certain: an append (it always commits, and reads nothing); an overwrite of
-    partitions with rows to write; a MERGE with rows whose clauses leave no row idle (an unconditional
-    WHEN MATCHED clause and an unconditional WHEN NOT MATCHED INSERT: every source row updates, deletes
-    or inserts). An UPDATE, a DELETE or a compaction may find nothing to change.
+    delta-spark skips the commit of a statement that changed nothing, and an empty write may change
+    nothing, so only these are certain: an append or an overwrite of partitions with rows to write; a MERGE
+    with rows whose clauses leave no row idle (an unconditional WHEN MATCHED clause and an unconditional WHEN
+    NOT MATCHED INSERT: every source row updates, deletes or inserts). An UPDATE, a DELETE or a compaction may
+    find nothing to change. (A re-run of a task run whose earlier try committed writes nothing either: the
+    watch checks the log for that, ``spark.early_abort``.)
     """
-    if spec.operation is JobOperation.APPEND:
-        return True
     rows = source_rows is not None and source_rows > 0
-    if spec.operation is JobOperation.OVERWRITE_PARTITIONS:
+    if spec.operation in (JobOperation.APPEND, JobOperation.OVERWRITE_PARTITIONS):
         return rows
     if spec.operation is JobOperation.MERGE:
         unconditional = {c.kind.scope for c in spec.clauses if c.condition is None and not c.kind.by_source}

@@ -42,13 +42,33 @@ from airflow_delta_occ.engine.snapshot import Commit, DeltaLog
 from airflow_delta_occ.exceptions import JobStoppedEarly
 from airflow_delta_occ.jobs.footprint import certain_to_commit, running_commit_of
 from airflow_delta_occ.jobs.spec import JobSpec
-from airflow_delta_occ.retry.classify import classify_conflict
 
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_SECONDS = 1.0
 PIN_TRIES = 5
 """History reads ``pin_version`` makes before giving up (a table committed to without pause)."""
+PLAN_LOOKBACK_COMMITS = 100
+"""Commits read, from the job's plan to the pinned version, to find an earlier try's commit."""
+MATERIALIZED_SOURCE_ATTEMPTS = "spark.databricks.delta.merge.materializeSource.maxAttempts"
+"""delta-spark re-runs a MERGE inside its statement, with a new transaction, when its materialised source is
+lost (default 4 attempts): a second transaction may read a newer version than the one pinned."""
+
+
+@contextlib.contextmanager
+def _no_internal_retries(session: Any) -> Iterator[None]:
+    """One transaction per statement while it is watched: a MERGE whose materialised source is lost then fails
+    (the attempt ends as an error, left to Airflow's retries) instead of starting a transaction the watch did not
+    pin. Restored afterwards."""
+    previous = session.conf.get(MATERIALIZED_SOURCE_ATTEMPTS, None)
+    session.conf.set(MATERIALIZED_SOURCE_ATTEMPTS, "1")
+    try:
+        yield
+    finally:
+        if previous is None:
+            session.conf.unset(MATERIALIZED_SOURCE_ATTEMPTS)
+        else:
+            session.conf.set(MATERIALIZED_SOURCE_ATTEMPTS, previous)
 
 
 @dataclass(frozen=True)
@@ -66,6 +86,8 @@ class SparkWork(Protocol):
     def started(self) -> bool: ...
 
     def cancel(self) -> None: ...
+
+    def ended_by_cancel(self, error: BaseException) -> bool: ...
 
 
 class ClassicWork:
@@ -90,6 +112,11 @@ class ClassicWork:
     def cancel(self) -> None:
         self.context.cancelJobsWithTag(self.tag)
 
+    def ended_by_cancel(self, error: BaseException) -> bool:
+        """Whether the statement failed because this attempt's jobs were cancelled (Spark names the tag)."""
+        text = str(error)
+        return "SPARK_JOB_CANCELLED" in text and self.tag in text
+
 
 class ConnectWork:
     """An attempt over Spark Connect: an operation tag of the job's own session; the server's progress reports
@@ -107,11 +134,13 @@ class ConnectWork:
     @contextlib.contextmanager
     def tagged(self) -> Iterator[None]:
         self.session.addTag(self.tag)
-        self.session.registerProgressHandler(self._progress)
         try:
-            yield
+            self.session.registerProgressHandler(self._progress)
+            try:
+                yield
+            finally:
+                self.session.removeProgressHandler(self._progress)
         finally:
-            self.session.removeProgressHandler(self._progress)
             self.session.removeTag(self.tag)
 
     def started(self) -> bool:
@@ -119,6 +148,12 @@ class ConnectWork:
 
     def cancel(self) -> None:
         self.session.interruptTag(self.tag)
+
+    def ended_by_cancel(self, error: BaseException) -> bool:
+        """Whether the statement's operation was interrupted (this session's only operation: the attempt's; a
+        kill of the whole job is told apart by the transport, which then reports the kill)."""
+        text = str(error)
+        return "OPERATION_CANCELED" in text or "OPERATION_CANCELLED" in text
 
 
 def spark_work(session: Any) -> ClassicWork | ConnectWork:
@@ -215,17 +250,15 @@ class AttemptWatch:
         return True
 
     def _judge(self) -> None:
-        if self.report.found is not None:
-            return
         fresh = False
         while (commit := self.log.commit_if_present(self.report.read_version + len(self._winners) + 1)) is not None:
-            if self.own(commit):   # the statement committed: nothing left to stop
+            if self.own(commit):   # the statement committed: nothing left to stop, even after a verdict
                 self.report.committed = True
                 return
             self._winners.append(commit)
             fresh = True
         self.report.commits_seen = len(self._winners)
-        if fresh:
+        if fresh and self.report.found is None:
             found = certain_conflict(self.running, self._winners)
             if found is not None:
                 self.report.found = found
@@ -246,11 +279,14 @@ class EarlyAbort:
 
     @classmethod
     def for_job(cls, spec: JobSpec, watch: TableWatch, source: Any) -> EarlyAbort | None:
-        """Early abort for ``spec``, or ``None`` (logged) when no commit can doom it. ``source`` is the job's
-        materialised source: its rows are counted when they decide whether the job commits."""
-        rows = None
-        if source is not None and certain_to_commit(spec, 1):   # counted only where the count decides
-            rows = int(source.count())
+        """Early abort for ``spec``, or ``None`` (logged) when no commit can doom it or it cannot be set up.
+        ``source`` is the job's materialised source: its rows are counted when they decide whether the job
+        commits."""
+        try:
+            rows = int(source.count()) if source is not None and certain_to_commit(spec, 1) else None
+        except Exception as exc:   # an optimisation: the job runs unwatched
+            log.warning("Early abort is off for this job: its source could not be counted: %s", exc)
+            return None
         if not certain_to_commit(spec, rows):
             log.info("Early abort does not watch this %s: it may commit nothing (%s), and then no commit fails it",
                      spec.operation, "no source rows" if rows == 0 else
@@ -271,17 +307,18 @@ class EarlyAbort:
             watcher, work = self._watcher(session, newest)
         except Exception as exc:   # an optimisation: the attempt runs unwatched, to Delta's own check
             log.warning("Early abort is off for this attempt: %s: %s", type(exc).__name__, exc)
-            watcher = None
-        if watcher is None:
+            watcher = work = None
+        if watcher is None or work is None:
             yield
             return
-        with work.tagged():
+        report: WatchReport | None = None
+        with _no_internal_retries(session), work.tagged():
             watcher.start()
             try:
                 yield
             except Exception as exc:
                 report = self._stopped(watcher)
-                if report.found is None or classify_conflict(exc) is not None:   # not the cancel's doing
+                if report.found is None or not work.ended_by_cancel(exc):   # not the cancel's doing
                     raise
                 if not self._committed(watcher):
                     raise _stopped_early(report) from exc
@@ -289,9 +326,47 @@ class EarlyAbort:
                 # after the fact, so the attempt succeeded, and retrying it would write again.
                 self._misjudged(report)
                 return
-            report = self._stopped(watcher)
+            finally:
+                if report is None:   # a success, or a BaseException (a timeout, a kill): the watch ends with it
+                    report = self._stopped(watcher)
         if report.found is not None:
             self._misjudged(report)
+
+    def _watcher(self, session: Any, newest: Callable[[], int]) -> tuple[AttemptWatch | None, SparkWork | None]:
+        version = pin_version(newest)
+        if version is None:
+            log.info("Early abort does not judge this attempt: the table moved between every pair of reads")
+            return None, None
+        table_log = self.watch.open_log()
+        if self._committed_already(table_log, version):
+            log.info("Early abort does not watch this attempt: an earlier try of this task run committed (this one "
+                     "commits nothing)")
+            return None, None
+        running = running_commit_of(self.spec, table_log.snapshot(version), commits=True)
+        work = spark_work(session)
+        return AttemptWatch(table_log, running, work, self.watch.interval, own=self._own), work
+
+    def _committed_already(self, table_log: DeltaLog, version: int) -> bool:
+        """Whether a commit of this task run is in the log between the job's plan and ``version``: an idempotent
+        re-run then commits nothing (Delta skips its write), so no commit can fail it. Unknown (no plan, or too
+        many commits to read) counts as committed: the attempt runs unwatched."""
+        planned = self.spec.planned_version
+        if planned is None or version - planned > PLAN_LOOKBACK_COMMITS:
+            return True
+        return any(self._own(c) for c in table_log.commits_after(planned, until=version))
+
+    def _own(self, commit: Commit) -> bool:
+        """Whether ``commit`` is this task run's (any try of it): never a winner against the job itself."""
+        info = commit.commit_info
+        return info is not None and self.spec.run.tagged(info.user_metadata)
+
+    def _stopped(self, watcher: AttemptWatch) -> WatchReport:
+        report = watcher.stop()
+        self.reports.append(report)
+        if report.judged and report.found is None and not report.committed:
+            log.info("Early abort watched this attempt: %d commit(s) landed after version %d while it ran, none "
+                     "makes its commit certain to fail", report.commits_seen, report.read_version)
+        return report
 
     @staticmethod
     def _misjudged(report: WatchReport) -> None:

@@ -111,3 +111,16 @@ def test_an_unpartitioned_read_is_doomed_by_any_added_file(tmp_path):
     b.commit(commit_info("WRITE", isBlindAppend=False), add("x.parquet"))
     found = _judge(b, Operation.UPDATE, "id = 3")
     assert found is not None and found.kind is ConflictKind.APPEND
+
+
+def test_a_whole_table_merge_is_not_doomed_by_the_removal_of_a_file_added_after_its_read(tmp_path):
+    # delta-spark records a NOT MATCHED BY SOURCE MERGE as a read of every file of its snapshot
+    # (filterFiles(TRUE)), not as readWholeTable: a file a blind append added later, then removed, was not read.
+    b = _table(tmp_path, level="WriteSerializable")
+    b.commit(commit_info("STREAMING UPDATE", isBlindAppend=True), add("fr-new.parquet", FR))
+    b.commit(commit_info("DELETE", isBlindAppend=False), remove("fr-new.parquet"))
+    merge = {"target_alias": "t", "reads_whole_table": True}
+    assert _judge(b, Operation.MERGE, "t.id = s.id AND t.country = 'DE'", **merge) is None
+    b.commit(commit_info("DELETE", isBlindAppend=False), remove("fr-0.parquet"))   # one it did read
+    found = _judge(b, Operation.MERGE, "t.id = s.id AND t.country = 'DE'", **merge)
+    assert found is not None and found.kind is ConflictKind.DELETE_READ and found.version == 4

@@ -41,6 +41,7 @@ from airflow_delta_occ.engine.early_abort import CertainConflict, RunningCommit,
 from airflow_delta_occ.engine.snapshot import Commit, DeltaLog
 from airflow_delta_occ.exceptions import JobStoppedEarly
 from airflow_delta_occ.jobs.footprint import certain_to_commit, running_commit_of
+from airflow_delta_occ.jobs.operations import JobOperation
 from airflow_delta_occ.jobs.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -52,23 +53,9 @@ PLAN_LOOKBACK_COMMITS = 100
 """Commits read, from the job's plan to the pinned version, to find an earlier try's commit."""
 MATERIALIZED_SOURCE_ATTEMPTS = "spark.databricks.delta.merge.materializeSource.maxAttempts"
 """delta-spark re-runs a MERGE inside its statement, with a new transaction, when its materialised source is
-lost (default 4 attempts): a second transaction may read a newer version than the one pinned."""
-
-
-@contextlib.contextmanager
-def _no_internal_retries(session: Any) -> Iterator[None]:
-    """One transaction per statement while it is watched: a MERGE whose materialised source is lost then fails
-    (the attempt ends as an error, left to Airflow's retries) instead of starting a transaction the watch did not
-    pin. Restored afterwards."""
-    previous = session.conf.get(MATERIALIZED_SOURCE_ATTEMPTS, None)
-    session.conf.set(MATERIALIZED_SOURCE_ATTEMPTS, "1")
-    try:
-        yield
-    finally:
-        if previous is None:
-            session.conf.unset(MATERIALIZED_SOURCE_ATTEMPTS)
-        else:
-            session.conf.set(MATERIALIZED_SOURCE_ATTEMPTS, previous)
+lost (a static conf, 4 attempts by default): the new transaction may read a newer version than the one pinned.
+A classic session sees the failed Spark job that precedes such a re-run and stops judging; over Spark Connect
+the client cannot, so a MERGE there is watched only where the server sets this to 1."""
 
 
 @dataclass(frozen=True)
@@ -83,9 +70,13 @@ class TableWatch:
 class SparkWork(Protocol):
     """One attempt's Spark work in one mode: tagged while it runs, known to have started, cancellable."""
 
+    def tagged(self) -> contextlib.AbstractContextManager[None]: ...
+
     def started(self) -> bool: ...
 
     def cancel(self) -> None: ...
+
+    def failed(self) -> bool: ...
 
     def ended_by_cancel(self, error: BaseException) -> bool: ...
 
@@ -111,6 +102,15 @@ class ClassicWork:
 
     def cancel(self) -> None:
         self.context.cancelJobsWithTag(self.tag)
+
+    def failed(self) -> bool:
+        """Whether a Spark job of the attempt failed (a MERGE may then start a new transaction inside it)."""
+        tracker = self.context.statusTracker()
+        for job_id in list(self.context._jsc.sc().statusTracker().getJobIdsForTag(self.tag)):
+            info = tracker.getJobInfo(int(job_id))
+            if info is not None and str(info.status) == "FAILED":
+                return True
+        return False
 
     def ended_by_cancel(self, error: BaseException) -> bool:
         """Whether the statement failed because this attempt's jobs were cancelled (Spark names the tag)."""
@@ -148,6 +148,10 @@ class ConnectWork:
 
     def cancel(self) -> None:
         self.session.interruptTag(self.tag)
+
+    def failed(self) -> bool:
+        """Not seen over Connect (see ``MATERIALIZED_SOURCE_ATTEMPTS``)."""
+        return False
 
     def ended_by_cancel(self, error: BaseException) -> bool:
         """Whether the statement's operation was interrupted (this session's only operation: the attempt's; a
@@ -221,6 +225,11 @@ class AttemptWatch:
                 if not self.report.judged and not self._confirm_read_version():
                     continue
                 if self.report.not_judged is not None:
+                    return
+                if self.report.found is None and self.work.failed():
+                    self.report.not_judged = ("a Spark job of the statement failed: delta-spark may run it again in a "
+                                              "new transaction, which reads a newer version")
+                    log.info("Early abort stops judging this attempt: %s", self.report.not_judged)
                     return
                 self._judge()
                 if self.report.committed:
@@ -312,7 +321,7 @@ class EarlyAbort:
             yield
             return
         report: WatchReport | None = None
-        with _no_internal_retries(session), work.tagged():
+        with work.tagged():
             watcher.start()
             try:
                 yield
@@ -342,8 +351,14 @@ class EarlyAbort:
             log.info("Early abort does not watch this attempt: an earlier try of this task run committed (this one "
                      "commits nothing)")
             return None, None
-        running = running_commit_of(self.spec, table_log.snapshot(version), commits=True)
         work = spark_work(session)
+        if isinstance(work, ConnectWork) and self.spec.operation is JobOperation.MERGE \
+                and str(session.conf.get(MATERIALIZED_SOURCE_ATTEMPTS, "4")).strip() != "1":
+            log.info("Early abort does not watch this MERGE: the Spark Connect server lets delta-spark re-run it in a "
+                     "new transaction when its materialised source is lost (%s; set it to 1 on the server)",
+                     MATERIALIZED_SOURCE_ATTEMPTS)
+            return None, None
+        running = running_commit_of(self.spec, table_log.snapshot(version), commits=True)
         return AttemptWatch(table_log, running, work, self.watch.interval, own=self._own), work
 
     def _committed_already(self, table_log: DeltaLog, version: int) -> bool:
@@ -363,7 +378,7 @@ class EarlyAbort:
     def _stopped(self, watcher: AttemptWatch) -> WatchReport:
         report = watcher.stop()
         self.reports.append(report)
-        if report.judged and report.found is None and not report.committed:
+        if report.judged and report.found is None:
             log.info("Early abort watched this attempt: %d commit(s) landed after version %d while it ran, none "
                      "makes its commit certain to fail", report.commits_seen, report.read_version)
         return report
@@ -378,29 +393,6 @@ class EarlyAbort:
     def _committed(self, watcher: AttemptWatch) -> bool:
         """Whether the log holds a commit of this task run after the version the attempt read."""
         return any(self._own(c) for c in watcher.log.commits_after(watcher.report.read_version))
-
-    def _watcher(self, session: Any, newest: Callable[[], int]) -> tuple[AttemptWatch | None, Any]:
-        version = pin_version(newest)
-        if version is None:
-            log.info("Early abort does not judge this attempt: the table moved between every pair of reads")
-            return None, None
-        table_log = self.watch.open_log()
-        running = running_commit_of(self.spec, table_log.snapshot(version), commits=True)
-        work = spark_work(session)
-        return AttemptWatch(table_log, running, work, self.watch.interval, own=self._own), work
-
-    def _own(self, commit: Commit) -> bool:
-        """Whether ``commit`` is this task run's (any try of it): never a winner against the job itself."""
-        info = commit.commit_info
-        return info is not None and self.spec.run.tagged(info.user_metadata)
-
-    def _stopped(self, watcher: AttemptWatch) -> WatchReport:
-        report = watcher.stop()
-        self.reports.append(report)
-        if report.judged and report.found is None:
-            log.info("Early abort watched this attempt: %d commit(s) landed after version %d while it ran, none "
-                     "makes its commit certain to fail", report.commits_seen, report.read_version)
-        return report
 
 
 def _stopped_early(report: WatchReport) -> JobStoppedEarly:

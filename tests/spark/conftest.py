@@ -94,6 +94,9 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
     """A Spark Connect server with delta-spark and the gate LogStore, as a platform team would run one
     (started once for every module that uses it)."""
     logs = tmp_path_factory.mktemp("connect")
+    # One transaction per MERGE statement (delta-spark's re-run after a lost materialised source off), so the
+    # server's MERGEs can be watched for early abort (docs/early-abort.md).
     with connect_server_at(logs, {**delta_submit_conf(), **gate_session_conf(),
-                                  CONNECT_MARKER[0]: CONNECT_MARKER[1]}) as server:
+                                  CONNECT_MARKER[0]: CONNECT_MARKER[1],
+                                  "spark.databricks.delta.merge.materializeSource.maxAttempts": "1"}) as server:
         yield server

@@ -63,10 +63,14 @@ class _Work:
 
     def __init__(self) -> None:
         self.began = threading.Event()
+        self.broke = threading.Event()
         self.cancels = 0
 
     def started(self) -> bool:
         return self.began.is_set()
+
+    def failed(self) -> bool:
+        return self.broke.is_set()
 
     def cancel(self) -> None:
         self.cancels += 1
@@ -128,6 +132,22 @@ def test_the_jobs_own_commit_ends_the_watch_and_is_never_judged(tmp_path):
     time.sleep(0.1)
     report = watch.stop()
     assert report.found is None and work.cancels == 0 and report.commits_seen == 0
+
+
+def test_a_failed_spark_job_stops_the_judging(tmp_path):
+    # delta-spark may re-run a MERGE whose materialised source was lost in a new transaction, which reads a newer
+    # version than the one pinned: from then on no commit is judged.
+    b = _table(tmp_path)
+    watch, work = _watch(b)
+    work.began.set()
+    watch.start()
+    _until(lambda: watch.report.judged)
+    work.broke.set()
+    _until(lambda: watch.report.not_judged is not None)
+    b.commit(commit_info("MERGE"), add("de-1.parquet", DE))
+    time.sleep(0.1)
+    report = watch.stop()
+    assert report.found is None and work.cancels == 0 and "failed" in (report.not_judged or "")
 
 
 def test_a_commit_before_the_work_was_seen_leaves_the_attempt_unjudged(tmp_path):

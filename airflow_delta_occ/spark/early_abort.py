@@ -15,7 +15,10 @@ that commits. Delta does not show that version until the commit, so the watch pi
    or DataFrame write runs inside its transaction (delta-spark starts the transaction first, the MERGE's source
    materialisation included), so by then the transaction has read the log. If commit ``v + 1`` is still absent
    after that, the transaction read ``v``. If it is present, the version read is not known, and this attempt is
-   not judged (it runs to its commit as without early abort).
+   not judged (it runs to its commit as without early abort). One exception: delta-spark re-runs a MERGE whose
+   materialised source was lost in a new transaction (``MATERIALIZED_SOURCE_ATTEMPTS``); a failed Spark job
+   of the attempt ends the judging (classic), and over Connect a MERGE is watched only where the server
+   allows one transaction per statement.
 3. From then on, each interval reads the next commit by name (one read, no listing), judges the commits since
    ``v`` and, when one is fatal, cancels the attempt's Spark work, again at every interval until the statement
    returns (a cancel between two Spark jobs reaches the next one). A commit of the job's own task run (its
@@ -23,7 +26,9 @@ that commits. Delta does not show that version until the commit, so the watch pi
    success into an error after the fact (a non-idempotent job would then write twice).
 
 The runner then reports the attempt as the conflict Delta would have raised (``JobStoppedEarly``), which the
-retry policies treat like the conflict itself, and the next attempt starts from the newer version.
+retry policies treat like the conflict itself, and the next attempt starts from the newer version. Only an
+error that is this cancel (Spark names the attempt's tag; Connect reports the operation cancelled) becomes
+``JobStoppedEarly``: any other error of the statement stays itself.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from airflow.sdk.exceptions import AirflowNotFoundException
 from airflow_delta_occ.config import MODES, default_mode
 from airflow_delta_occ.exceptions import DeltaJobError, JobKilledError, ProviderConfigError
 from airflow_delta_occ.hooks.transports.base import JobTransport, RunningJob, transport_factory
+from airflow_delta_occ.hooks.transports.session import SessionTransport
 from airflow_delta_occ.jobs.result import JobResult
 from airflow_delta_occ.jobs.spec import JobSpec
 from airflow_delta_occ.spark.storage import SparkStorageSettings, with_redaction
@@ -222,7 +223,8 @@ class DeltaSparkHook(BaseHook):
         """Execute the job and return its result; any other outcome raises its typed exception.
 
         ``watch`` (how to read the table's log) turns early abort on where the mode can watch a running job
-        (``JobTransport.watches_tables``: embedded and Connect); elsewhere the job runs unwatched.
+        (the modes whose runner runs in this process, ``SessionTransport``: embedded and Connect); elsewhere the job
+        runs unwatched.
 
         Every mode returns the runner's ``JobResult`` through its JSON form, and one call
         (``JobResult.raise_for_status``) decodes it: the same failure raises the same class with the
@@ -235,7 +237,7 @@ class DeltaSparkHook(BaseHook):
         transport.killed = False
         self.spark_ui_url = self.spark_ui_link(None, None)
         try:
-            result = transport.run(spec, watch=watch) if watch is not None and transport.watches_tables \
+            result = transport.run(spec, watch=watch) if watch is not None and isinstance(transport, SessionTransport) \
                 else transport.run(spec)
             self.spark_ui_url = self.spark_ui_link(result.spark_app_id, result.spark_ui_url)
             return result.raise_for_status()

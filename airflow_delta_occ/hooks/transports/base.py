@@ -86,9 +86,6 @@ class JobTransport(ABC):
     #: Whether every job runs in one long-lived driver (Spark Connect's server), so delta-spark's
     #: default S3 LogStore keeps commits exclusive; ``False``: a driver per job (see ``use_storage``).
     one_driver: bool = False
-    #: Whether ``run`` takes ``watch=`` (a ``spark.early_abort.TableWatch``) and watches each attempt for early
-    #: abort: modes whose runner runs in this process, where the table's log can be read. A mode opts in.
-    watches_tables: bool = False
     #: Whether ``warm_up`` only loads code (it opens no session and reads no setting), so it can start
     #: with the task, before the job is planned and its storage settings are known. A mode opts in.
     light_warm_up: bool = False

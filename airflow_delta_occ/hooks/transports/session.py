@@ -46,8 +46,6 @@ class SessionTransport(JobTransport):
     def _cancel(self, running: RunningJob) -> None:
         """Cancel the Spark work tagged for ``running`` (may raise: ``_stop_session`` logs it)."""
 
-    watches_tables = True
-
     def run(self, spec: JobSpec, *, watch: TableWatch | None = None) -> JobResult:
         """Run ``spec`` in this process's session; with ``watch``, each attempt is watched for early abort."""
         from airflow_delta_occ.spark.runner import run_job

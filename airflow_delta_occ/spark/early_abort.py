@@ -100,7 +100,8 @@ class ClassicWork:
         try:
             yield
         finally:
-            self.context.removeJobTag(self.tag)
+            with contextlib.suppress(Exception):   # a failed clean-up must not turn a committed job into an error
+                self.context.removeJobTag(self.tag)
 
     def started(self) -> bool:
         return len(list(self.context._jsc.sc().statusTracker().getJobIdsForTag(self.tag))) > 0
@@ -144,9 +145,11 @@ class ConnectWork:
             try:
                 yield
             finally:
-                self.session.removeProgressHandler(self._progress)
+                with contextlib.suppress(Exception):   # as the transport's own untag: never fail a committed job
+                    self.session.removeProgressHandler(self._progress)
         finally:
-            self.session.removeTag(self.tag)
+            with contextlib.suppress(Exception):
+                self.session.removeTag(self.tag)
 
     def started(self) -> bool:
         return self._began.is_set()
@@ -334,7 +337,12 @@ class EarlyAbort:
                 report = self._stopped(watcher)
                 if report.found is None or not work.ended_by_cancel(exc):   # not the cancel's doing
                     raise
-                if not self._committed(watcher):
+                try:
+                    committed = self._committed(watcher)
+                except Exception as unread:   # the log cannot tell: the statement's own error stands
+                    log.warning("Early abort could not read the log after its cancel: %s", unread)
+                    raise exc from None
+                if not committed:
                     raise _stopped_early(report) from exc
                 # The statement committed before the cancel reached it (the judge was wrong): its error came
                 # after the fact, so the attempt succeeded, and retrying it would write again.

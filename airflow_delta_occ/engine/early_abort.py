@@ -17,10 +17,12 @@ the job is certain to make, and only says "doomed" when even that one fails:
   the job may stage none of them. Every rule fails a larger commit whenever it fails this one (a
   metadata change fails on any winning metadata, a removal adds a delete-delete check, more read files
   add delete-read checks), so a failure of the smallest commit is a failure of the real one.
-* **Whether it commits at all.** delta-spark skips the commit of a DML statement that changed nothing
-  (measured on delta-spark 4.4: an UPDATE, DELETE or MERGE that matches no row leaves the log as it was),
-  and a job that does not commit cannot fail. The caller says whether the job is certain to commit
-  (``RunningCommit.commits``); without that certainty the answer is always "keep running".
+* **Whether it commits a file.** A DML statement that changed nothing commits no file: delta-spark skips
+  its commit (measured on delta-spark 4.4: an UPDATE, DELETE or MERGE that matches no row leaves the log as
+  it was), or, when the job writes with a transaction id (``txnAppId``, the provider's idempotent jobs),
+  commits that id alone (measured: such an UPDATE matching no row committed a version without a file
+  action). Neither is the smallest commit above. The caller says whether the job is certain to commit a
+  file (``RunningCommit.commits``); without that certainty the answer is always "keep running".
 * **Which commits won.** Those after the version the job's transaction read. The caller must know that
   version exactly (``RunningCommit.read_version``): a commit that landed before the job's transaction
   read the log is in its snapshot, not a winner, and judging it would abort a job that commits.

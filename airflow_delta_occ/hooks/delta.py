@@ -34,7 +34,6 @@ from airflow.sdk.exceptions import AirflowNotFoundException
 from airflow_delta_occ.config import MODES, default_mode
 from airflow_delta_occ.exceptions import DeltaJobError, JobKilledError, ProviderConfigError
 from airflow_delta_occ.hooks.transports.base import JobTransport, RunningJob, transport_factory
-from airflow_delta_occ.hooks.transports.session import SessionTransport
 from airflow_delta_occ.jobs.result import JobResult
 from airflow_delta_occ.jobs.spec import JobSpec
 from airflow_delta_occ.spark.storage import SparkStorageSettings, with_redaction
@@ -222,9 +221,9 @@ class DeltaSparkHook(BaseHook):
     def run(self, spec: JobSpec, *, watch: TableWatch | None = None) -> JobResult:
         """Execute the job and return its result; any other outcome raises its typed exception.
 
-        ``watch`` (how to read the table's log) turns early abort on where the mode can watch a running job
-        (the modes whose runner runs in this process, ``SessionTransport``: embedded and Connect); elsewhere the job
-        runs unwatched.
+        ``watch`` (how to read the table's log, and how often) turns early abort on: embedded and over Spark
+        Connect the runner in this process reads the log as ``watch`` says; a ``spark-submit`` driver reads it
+        through its own Hadoop file system at ``watch``'s interval.
 
         Every mode returns the runner's ``JobResult`` through its JSON form, and one call
         (``JobResult.raise_for_status``) decodes it: the same failure raises the same class with the
@@ -237,8 +236,7 @@ class DeltaSparkHook(BaseHook):
         transport.killed = False
         self.spark_ui_url = self.spark_ui_link(None, None)
         try:
-            result = transport.run(spec, watch=watch) if watch is not None and isinstance(transport, SessionTransport) \
-                else transport.run(spec)
+            result = transport.run(spec, watch=watch)
             self.spark_ui_url = self.spark_ui_link(result.spark_app_id, result.spark_ui_url)
             return result.raise_for_status()
         except Exception as exc:

@@ -18,10 +18,11 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from airflow_delta_occ.engine.early_abort import RunningCommit, running_commit
-from airflow_delta_occ.engine.expressions import Expr
+from airflow_delta_occ.engine.expressions import Expr, has_unknown
 from airflow_delta_occ.engine.planner import Footprint, Operation, plan_footprint, planned_read
 from airflow_delta_occ.engine.snapshot import Snapshot
 from airflow_delta_occ.engine.values import parse_partition_value
@@ -120,28 +121,55 @@ def _reads_whole_table(spec: JobSpec, op: Operation) -> bool:
 
 def running_commit_of(spec: JobSpec, snapshot: Snapshot, *, commits: bool) -> RunningCommit:
     """The smallest commit ``spec`` is certain to make when its transaction read ``snapshot`` (early abort's
-    judge; ``commits`` as ``certain_to_commit`` says)."""
+    judge; ``commits`` as ``commit_certainty`` says)."""
     op = engine_operation(spec)
     return running_commit(snapshot, op, _predicate(spec, op), commits=commits,
                           label=f"{spec.operation} {spec.run.task_id}", target_alias=_alias(spec, op),
                           reads_whole_table=_reads_whole_table(spec, op))
 
 
-def certain_to_commit(spec: JobSpec, source_rows: int | None) -> bool:
-    """Whether the job is certain to commit a file action of its kind (``RunningCommit.commits``), known
-    before its Spark work from its spec and the number of source rows it writes from.
+class CommitCertainty(Enum):
+    """Whether a job is known to commit before its statement runs (early abort judges only jobs that are)."""
 
-    delta-spark skips the commit of a statement that changed nothing, and an empty write may change
-    nothing, so only these are certain: an append or an overwrite of partitions with rows to write; a MERGE
-    with rows whose clauses leave no row idle (an unconditional WHEN MATCHED clause and an unconditional WHEN
-    NOT MATCHED INSERT: every source row updates, deletes or inserts). An UPDATE, a DELETE or a compaction may
-    find nothing to change. (A re-run of a task run whose earlier try committed writes nothing either: the
-    watch checks the log for that, ``spark.early_abort``.)
+    CERTAIN = "certain"
+    IF_A_ROW_MATCHES = "if a row of the target meets its condition at the version its transaction reads"
+    UNKNOWN = "unknown"
+
+
+def commit_certainty(spec: JobSpec, source_rows: int | None) -> CommitCertainty:
+    """Whether the job is certain to commit a file action of its kind (``RunningCommit.commits``), from its spec
+    and the number of rows its source holds (``None``: not counted).
+
+    A statement that changed nothing commits no file (delta-spark skips its commit, or commits only the job's
+    transaction id), and an empty write may change nothing, so only these are certain: an append or an
+    overwrite of partitions with rows to write; a MERGE with rows whose clauses leave no row idle (an
+    unconditional WHEN MATCHED clause and an unconditional WHEN NOT MATCHED INSERT: every source row updates,
+    deletes or inserts).
+
+    An UPDATE or a DELETE commits a file exactly when a row of the snapshot its transaction reads meets its
+    condition (it then rewrites that row's file, or marks the row deleted): certain ``IF_A_ROW_MATCHES`` one at that
+    version, which the caller asks Spark (``jobs.sql.matching_row_sql``). Only for a condition the engine
+    understands in every part (columns, literals, comparisons, ``IN``, ``IS NULL``, ``AND``, ``OR``, ``NOT``):
+    such a condition is deterministic, so a row that meets it in one query meets it in the statement, where a
+    function call (even one Spark calls deterministic, or a catalog function) could answer differently.
+
+    A compaction may find nothing to rewrite: ``UNKNOWN``. (A re-run of a task run whose earlier try committed
+    writes nothing either: the watch checks the log for that, ``spark.early_abort``.)
     """
     rows = source_rows is not None and source_rows > 0
     if spec.operation in (JobOperation.APPEND, JobOperation.OVERWRITE_PARTITIONS):
-        return rows
+        return CommitCertainty.CERTAIN if rows else CommitCertainty.UNKNOWN
     if spec.operation is JobOperation.MERGE:
         unconditional = {c.kind.scope for c in spec.clauses if c.condition is None and not c.kind.by_source}
-        return rows and {ClauseScope.MATCHED, ClauseScope.NOT_MATCHED} <= unconditional
-    return False
+        if rows and {ClauseScope.MATCHED, ClauseScope.NOT_MATCHED} <= unconditional:
+            return CommitCertainty.CERTAIN
+        return CommitCertainty.UNKNOWN
+    if spec.operation in (JobOperation.UPDATE, JobOperation.DELETE) \
+            and (spec.condition is None or not has_unknown(spec.condition)):
+        return CommitCertainty.IF_A_ROW_MATCHES
+    return CommitCertainty.UNKNOWN
+
+
+def counts_source_rows(spec: JobSpec) -> bool:
+    """Whether the job's commit certainty depends on its source's row count (worth one ``count()``)."""
+    return commit_certainty(spec, 1) is CommitCertainty.CERTAIN

@@ -89,3 +89,11 @@ def statement_sql(spec: JobSpec, source_view: str | None, *, source: str | None 
             sql += " ZORDER BY (" + ", ".join(render_identifier(c) for c in spec.zorder_by) + ")"
         return sql
     return None
+
+
+def matching_row_sql(spec: JobSpec, version: int) -> str:
+    """A query that returns one row when a row of the target at ``version`` meets the UPDATE's or DELETE's
+    condition (``jobs.footprint.CommitCertainty.IF_A_ROW_MATCHES``): the statement's own condition text, read
+    as the statement reads the target, so both mean the same rows."""
+    where = f" WHERE {spec.condition_sql}" if spec.condition is not None else ""
+    return f"SELECT 1 FROM {target_sql(spec)} VERSION AS OF {int(version)}{where} LIMIT 1"

@@ -45,9 +45,11 @@ from typing import Any, Protocol
 from airflow_delta_occ.engine.early_abort import CertainConflict, RunningCommit, certain_conflict
 from airflow_delta_occ.engine.snapshot import Commit, DeltaLog
 from airflow_delta_occ.exceptions import JobStoppedEarly
-from airflow_delta_occ.jobs.footprint import certain_to_commit, running_commit_of
+from airflow_delta_occ.jobs.footprint import CommitCertainty, commit_certainty, counts_source_rows, running_commit_of
 from airflow_delta_occ.jobs.operations import JobOperation
 from airflow_delta_occ.jobs.spec import JobSpec
+from airflow_delta_occ.jobs.sql import matching_row_sql
+from airflow_delta_occ.spark.statements import run_sql
 
 log = logging.getLogger(__name__)
 
@@ -285,13 +287,16 @@ class AttemptWatch:
 class EarlyAbort:
     """Early abort for one job: each attempt (``attempt``) is pinned, watched and, when doomed, stopped.
 
-    Built only for a job certain to commit (``jobs.footprint.certain_to_commit``): a job that may commit
-    nothing cannot fail, so no commit can doom it.
+    Built only for a job certain to commit (``jobs.footprint.commit_certainty``): a job that may commit
+    nothing cannot fail, so no commit can doom it. An UPDATE or DELETE is certain once a row at the attempt's
+    pinned version meets its condition, asked of Spark before each attempt (one ``LIMIT 1`` query).
     """
 
-    def __init__(self, spec: JobSpec, watch: TableWatch) -> None:
+    def __init__(self, spec: JobSpec, watch: TableWatch,
+                 certainty: CommitCertainty = CommitCertainty.CERTAIN) -> None:
         self.spec = spec
         self.watch = watch
+        self.certainty = certainty
         self.reports: list[WatchReport] = []
 
     @classmethod
@@ -300,17 +305,20 @@ class EarlyAbort:
         ``source`` is the job's materialised source: its rows are counted when they decide whether the job
         commits."""
         try:
-            rows = int(source.count()) if source is not None and certain_to_commit(spec, 1) else None
+            rows = int(source.count()) if source is not None and counts_source_rows(spec) else None
         except Exception as exc:   # an optimisation: the job runs unwatched
             log.warning("Early abort is off for this job: its source could not be counted: %s", exc)
             return None
-        if not certain_to_commit(spec, rows):
-            log.info("Early abort does not watch this %s: it may commit nothing (%s), and then no commit fails it",
+        certainty = commit_certainty(spec, rows)
+        if certainty is CommitCertainty.UNKNOWN:
+            log.info("Early abort does not watch this %s: it may commit no file (%s), and such a commit is left to "
+                     "Delta's own check",
                      spec.operation, "no source rows" if rows == 0 else
                      "only a MERGE with an unconditional WHEN MATCHED and WHEN NOT MATCHED clause, an append or an "
-                     "overwrite with rows is known to commit before it runs")
+                     "overwrite with rows, and an UPDATE or DELETE whose condition has no function call are known "
+                     "to commit before they run")
             return None
-        return cls(spec, watch)
+        return cls(spec, watch, certainty)
 
     @contextlib.contextmanager
     def attempt(self, session: Any, newest: Callable[[], int]) -> Iterator[None]:
@@ -361,8 +369,8 @@ class EarlyAbort:
             return None, None
         table_log = self.watch.open_log()
         if self._committed_already(table_log, version):
-            log.info("Early abort does not watch this attempt: an earlier try of this task run committed (this one "
-                     "commits nothing)")
+            return None, None
+        if self.certainty is CommitCertainty.IF_A_ROW_MATCHES and not self._a_row_matches(session, version):
             return None, None
         work = spark_work(session)
         if isinstance(work, ConnectWork) and self.spec.operation is JobOperation.MERGE \
@@ -380,8 +388,29 @@ class EarlyAbort:
         many commits to read) counts as committed: the attempt runs unwatched."""
         planned = self.spec.planned_version
         if planned is None or version - planned > PLAN_LOOKBACK_COMMITS:
+            log.info("Early abort does not watch this attempt: %s, so whether an earlier try of this task run "
+                     "committed (and this one then commits nothing) is not known",
+                     "the job has no planned version" if planned is None else
+                     f"more than {PLAN_LOOKBACK_COMMITS} commits landed since its plan")
             return True
-        return any(self._own(c) for c in table_log.commits_after(planned, until=version))
+        if any(self._own(c) for c in table_log.commits_after(planned, until=version)):
+            log.info("Early abort does not watch this attempt: an earlier try of this task run committed (this one "
+                     "commits nothing)")
+            return True
+        return False
+
+    def _a_row_matches(self, session: Any, version: int) -> bool:
+        """Whether a row of the table at ``version`` meets the UPDATE's or DELETE's condition: then the statement,
+        whose transaction reads ``version`` when the attempt is judged, is certain to commit."""
+        began = time.monotonic()
+        matches = bool(run_sql(session, matching_row_sql(self.spec, version)).collect())
+        log.info("Early abort %s this %s: %s at version %d (%.1f s to find out)",
+                 "watches" if matches else "does not watch", self.spec.operation,
+                 "a row meets its condition" if matches else
+                 "no row meets its condition, so it may commit no file, and such a commit is left to Delta's own "
+                 "check",
+                 version, time.monotonic() - began)
+        return matches
 
     def _own(self, commit: Commit) -> bool:
         """Whether ``commit`` is this task run's (any try of it): never a winner against the job itself."""

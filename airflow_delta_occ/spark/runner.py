@@ -28,6 +28,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_delta_occ.engine.snapshot import DeltaLog
 from airflow_delta_occ.engine.sql_parser import render_identifier
 from airflow_delta_occ.exceptions import (
     ConflictFailure,
@@ -44,6 +45,7 @@ from airflow_delta_occ.retry.classify import ConflictKind, classify_conflict
 from airflow_delta_occ.retry.policy import RetryOutcome, policies_for, run_with_policies
 from airflow_delta_occ.spark import errors as spark_errors
 from airflow_delta_occ.spark.early_abort import EarlyAbort, TableWatch
+from airflow_delta_occ.spark.hadoop_storage import HadoopStorage
 from airflow_delta_occ.spark.session import INHERITED_CONNECT_ENV
 from airflow_delta_occ.spark.statements import pinned_settings, run_sql
 from airflow_delta_occ.spark.storage import SECRET_CONF_ENV
@@ -507,6 +509,9 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--spec-json")
     group.add_argument("--describe-table", help="print where a catalog table of this cluster lives (table_name=)")
     parser.add_argument("--local", action="store_true", help="start a local Delta session (tests, laptops)")
+    parser.add_argument("--early-abort-interval", type=float, metavar="SECONDS",
+                        help="watch the table's log every SECONDS while the job runs, and stop it early when a "
+                             "commit dooms it (spark.early_abort)")
     args = parser.parse_args(argv)
     _log_to_driver_output()
     if args.describe_table:
@@ -527,9 +532,24 @@ def main(argv: list[str] | None = None) -> int:
             import delta.exceptions.captured  # noqa: F401
         except ImportError:
             pass
-    result = run_job(spark, spec)
+    watch = _driver_table_watch(spark, spec, args.early_abort_interval) if args.early_abort_interval else None
+    result = run_job(spark, spec, watch=watch)
     print(RESULT_PREFIX + result.to_json(), flush=True)
     return EXIT_CODES[result.status]
+
+
+def _driver_table_watch(spark: Any, spec: JobSpec, interval: float) -> TableWatch | None:
+    """Early abort in a driver (``spark-submit``): the table's log read through the driver's own Hadoop file
+    system (``HadoopStorage``), where and as Spark reads the table; ``None`` (logged) when the catalog cannot
+    say where a named table lives."""
+    try:
+        location = spec.target.path if spec.target.path is not None else \
+            describe_table(spark, str(spec.target.name))["location"]
+        storage = HadoopStorage(spark)
+    except Exception as exc:   # an optimisation: the job runs unwatched, to Delta's own check
+        logging.getLogger(__name__).warning("Early abort is off for this job: %s: %s", type(exc).__name__, exc)
+        return None
+    return TableWatch(open_log=lambda: DeltaLog.for_table(location, storage), interval=interval)
 
 
 def _describe_table(name: str) -> int:

@@ -24,7 +24,7 @@ import pytest
 
 from airflow_delta_occ.engine import DeltaLog
 from airflow_delta_occ.engine.log_segment import commit_file_name
-from airflow_delta_occ.operators.delta import DeltaMergeOperator
+from airflow_delta_occ.operators.delta import DeltaBaseOperator, DeltaMergeOperator, DeltaUpdateOperator
 
 from .jobs import context
 
@@ -80,16 +80,23 @@ def _merge(table: str, src: str, conn_id: str | None = None) -> DeltaMergeOperat
         early_abort=True, early_abort_interval=INTERVAL)
 
 
-def _race(spark: Any, table: str, src: str, other_partition: int, caplog: Any, conn_id: str | None = None
+def _update(table: str, where: str, partition: int) -> DeltaUpdateOperator:
+    return DeltaUpdateOperator(
+        task_id="update", table=table, set={"v": "v + 1"}, where=where, partitions={"p": partition},
+        conflict_policies={"ConcurrentAppendException": {"initial_delay": 0.0, "jitter": 0.0}},
+        early_abort=True, early_abort_interval=INTERVAL)
+
+
+def _race(spark: Any, table: str, job: DeltaBaseOperator, other_partition: int, caplog: Any
           ) -> tuple[dict[str, Any], int, float]:
-    """Run the MERGE in a thread; once its watch judges, commit one row into ``other_partition`` from another
-    session. Returns the MERGE's result, the other commit's version and when its commit file was written."""
+    """Run the job in a thread; once its watch judges, commit one row into ``other_partition`` from another
+    session. Returns the job's result, the other commit's version and when its commit file was written."""
     caplog.set_level(logging.INFO, logger=WATCH_LOGGER)
     done: dict[str, Any] = {}
 
     def run() -> None:
         try:
-            done["result"] = _merge(table, src, conn_id).execute(context("merge_p1"))
+            done["result"] = job.execute(context(job.task_id))
         except BaseException as exc:   # reported by the assertion below
             done["error"] = exc
 
@@ -111,7 +118,7 @@ def test_a_merge_doomed_by_a_commit_in_its_partition_is_stopped_early(spark: Any
                                                                      caplog: Any, conn_id: str | None) -> None:
     src = _source(spark, tmp_path)
     before = DeltaLog.for_table(table).latest_version()
-    result, other, landed = _race(spark, table, src, 1, caplog, conn_id)
+    result, other, landed = _race(spark, table, _merge(table, src, conn_id), 1, caplog)
 
     history = [(c.version, c.commit_info.operation, c.commit_info.read_version)   # type: ignore[union-attr]
                for c in DeltaLog.for_table(table).commits_after(before)]
@@ -136,9 +143,41 @@ def test_a_merge_doomed_by_a_commit_in_its_partition_is_stopped_early(spark: Any
 def test_a_merge_beside_a_commit_in_another_partition_is_never_stopped(spark: Any, table: str, tmp_path: Any,
                                                                       caplog: Any) -> None:
     src = _source(spark, tmp_path)
-    result, other, _ = _race(spark, table, src, 2, caplog)
+    result, other, _ = _race(spark, table, _merge(table, src), 2, caplog)
 
     assert result["attempts"] == 1 and result["conflicts"] == [] and result["version"] == other + 1
     assert not [r for r in caplog.records if r.getMessage().startswith("Early abort: version")]
     watched = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Early abort watched")]
     assert watched and "1 commit(s) landed" in watched[0], watched
+
+
+def test_an_update_doomed_by_a_commit_in_its_partition_is_stopped_early(spark: Any, table: str,
+                                                                       caplog: Any) -> None:
+    """An UPDATE commits only if a row meets its condition: the watch asks Spark at the pinned version first."""
+    before = DeltaLog.for_table(table).latest_version()
+    result, other, landed = _race(spark, table, _update(table, "v >= 0", 1), 1, caplog)
+
+    assert any("Early abort watches this update: a row meets its condition" in r.getMessage()
+               for r in caplog.records)
+    assert result["attempts"] == 2 and result["confirmed"], result["conflicts"]
+    stopped = result["conflicts"][0]
+    assert stopped["early"] and stopped["kind"] == "ConcurrentAppendException" and stopped["winning_version"] == other
+    cancels = [r for r in caplog.records if r.getMessage().startswith("Early abort: version")]
+    assert cancels and cancels[0].created - landed <= 2 * INTERVAL + 0.5, (
+        f"cancelled {cancels[0].created - landed:.2f} s after the commit landed" if cancels else "no cancel logged")
+    after = DeltaLog.for_table(table).commits_after(before)
+    assert [c.commit_info.operation for c in after] == ["WRITE", "UPDATE"]   # type: ignore[union-attr]
+    # Every row of p=1 bumped once, the other commit's row (p=1, v=0) included; p=2 untouched.
+    got = spark.sql(f"SELECT p, count(*) AS n, sum(v) AS s FROM delta.`{table}` GROUP BY p ORDER BY p").collect()
+    assert [tuple(r) for r in got] == [(1, ROWS + 1, ROWS + 1), (2, 1, 0)]
+
+
+def test_an_update_that_matches_no_row_is_not_watched(table: str, caplog: Any) -> None:
+    """No row meets the condition at the pinned version: the UPDATE may commit no file (measured: it commits its
+    transaction id alone), which is not the commit the judge knows, so it runs unwatched."""
+    caplog.set_level(logging.INFO, logger=WATCH_LOGGER)
+    result = _update(table, "v < 0", 2).execute(context("update"))
+    assert result["attempts"] == 1 and result["conflicts"] == [] and result["metrics"]["numUpdatedRows"] == "0"
+    assert any("Early abort does not watch this update: no row meets its condition" in r.getMessage()
+               for r in caplog.records)
+    assert not any("Early abort judges this attempt" in r.getMessage() for r in caplog.records)

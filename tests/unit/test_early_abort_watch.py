@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -14,11 +15,13 @@ from airflow_delta_occ import config
 from airflow_delta_occ.engine import DeltaLog
 from airflow_delta_occ.engine.errors import ConflictKind
 from airflow_delta_occ.engine.expressions import Column, Comparison, Literal
+from airflow_delta_occ.engine.sql_parser import parse_predicate
 from airflow_delta_occ.exceptions import ConflictFailure, JobSpecError, JobStoppedEarly, ProviderConfigError
-from airflow_delta_occ.jobs.footprint import certain_to_commit, running_commit_of
+from airflow_delta_occ.jobs.footprint import CommitCertainty, commit_certainty, counts_source_rows, running_commit_of
 from airflow_delta_occ.jobs.operations import ClauseKind, JobOperation
 from airflow_delta_occ.jobs.result import JobResult, JobStatus
 from airflow_delta_occ.jobs.spec import JobSpec, MergeClause, RunIdentity, SourceRef, TableRef
+from airflow_delta_occ.jobs.sql import matching_row_sql
 from airflow_delta_occ.operators.delta import DeltaMergeOperator
 from airflow_delta_occ.retry.policy import RetryOutcome, policies_for, run_with_policies
 from airflow_delta_occ.spark.early_abort import AttemptWatch, pin_version
@@ -39,16 +42,36 @@ def _merge(*clauses: MergeClause) -> JobSpec:
 
 
 def test_only_jobs_certain_to_commit_are_watched():
+    certain, unknown = CommitCertainty.CERTAIN, CommitCertainty.UNKNOWN
     both = _merge(MergeClause(ClauseKind.MATCHED_UPDATE_ALL), MergeClause(ClauseKind.NOT_MATCHED_INSERT_ALL))
-    assert certain_to_commit(both, 3) and not certain_to_commit(both, 0) and not certain_to_commit(both, None)
+    assert commit_certainty(both, 3) is certain and counts_source_rows(both)
+    assert commit_certainty(both, 0) is unknown and commit_certainty(both, None) is unknown
     # A source row that matches nothing, or matches only a conditional clause, changes nothing: no commit.
-    assert not certain_to_commit(_merge(MergeClause(ClauseKind.NOT_MATCHED_INSERT_ALL)), 3)
+    assert commit_certainty(_merge(MergeClause(ClauseKind.NOT_MATCHED_INSERT_ALL)), 3) is unknown
     conditional = MergeClause(ClauseKind.MATCHED_DELETE, condition=Comparison("=", Column("v", "s"), Literal(1)))
-    assert not certain_to_commit(_merge(conditional, MergeClause(ClauseKind.NOT_MATCHED_INSERT_ALL)), 3)
+    assert commit_certainty(_merge(conditional, MergeClause(ClauseKind.NOT_MATCHED_INSERT_ALL)), 3) is unknown
     append = JobSpec(operation=JobOperation.APPEND, target=TableRef(path="/t"), run=RUN, source=SourceRef(path="/s"))
-    assert certain_to_commit(append, 1) and not certain_to_commit(append, 0)   # an empty append may skip its commit
-    delete = JobSpec(operation=JobOperation.DELETE, target=TableRef(path="/t"), run=RUN)
-    assert not certain_to_commit(delete, None)
+    assert commit_certainty(append, 1) is certain
+    assert commit_certainty(append, 0) is unknown   # an empty append may skip its commit
+    optimize = JobSpec(operation=JobOperation.OPTIMIZE, target=TableRef(path="/t"), run=RUN)
+    assert commit_certainty(optimize, None) is unknown and not counts_source_rows(optimize)
+
+
+def test_an_update_or_delete_is_certain_once_a_row_meets_a_condition_the_engine_understands():
+    """Certain only if a row matches at the read version (asked of Spark per attempt), and only for a condition
+    free of function calls: a row that meets ``rand() < 0.5`` once may not meet it in the statement."""
+    understood = parse_predicate("country = 'DE' AND (v > 3 OR v IS NULL) AND id IN (1, 2)")
+    for operation in (JobOperation.UPDATE, JobOperation.DELETE):
+        spec = JobSpec(operation=operation, target=TableRef(path="/t"), run=RUN, condition=understood,
+                       set={"v": Literal(1)} if operation is JobOperation.UPDATE else {})
+        assert commit_certainty(spec, None) is CommitCertainty.IF_A_ROW_MATCHES and not counts_source_rows(spec)
+        assert matching_row_sql(spec, 7) == (
+            f"SELECT 1 FROM delta.`/t` VERSION AS OF 7 WHERE {spec.condition_sql} LIMIT 1")
+        for called in ("country = 'DE' AND rand() < 0.5", "country = 'DE' AND lower(name) = 'x'"):
+            assert commit_certainty(replace(spec, condition=parse_predicate(called)), None) is CommitCertainty.UNKNOWN
+    every_row = JobSpec(operation=JobOperation.DELETE, target=TableRef(name="db.t"), run=RUN)
+    assert commit_certainty(every_row, None) is CommitCertainty.IF_A_ROW_MATCHES
+    assert matching_row_sql(every_row, 0) == "SELECT 1 FROM `db`.`t` VERSION AS OF 0 LIMIT 1"
 
 
 def test_the_read_version_is_pinned_when_two_reads_agree():

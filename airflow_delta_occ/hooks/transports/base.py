@@ -24,6 +24,7 @@ from airflow_delta_occ.exceptions import ProviderConfigError
 if TYPE_CHECKING:
     from airflow_delta_occ.jobs.result import JobResult
     from airflow_delta_occ.jobs.spec import JobSpec
+    from airflow_delta_occ.spark.early_abort import TableWatch
     from airflow_delta_occ.spark.storage import SparkStorageSettings
 
 
@@ -99,8 +100,9 @@ class JobTransport(ABC):
         self.killed = False
 
     @abstractmethod
-    def run(self, spec: JobSpec) -> JobResult:
-        """Execute ``spec``; its outcome, whatever it is, comes back as the result's status."""
+    def run(self, spec: JobSpec, *, watch: TableWatch | None = None) -> JobResult:
+        """Execute ``spec``; its outcome, whatever it is, comes back as the result's status. With ``watch``,
+        each attempt is watched for early abort (``spark.early_abort``) where the runner runs."""
 
     def warm_up(self) -> None:  # noqa: B027 - a mode with nothing to start early does nothing
         """Start what a job will need (a session, a client) before it runs; may run in another thread."""

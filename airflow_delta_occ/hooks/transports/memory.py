@@ -41,6 +41,7 @@ from airflow_delta_occ.jobs.result import JobResult, JobStatus
 
 if TYPE_CHECKING:
     from airflow_delta_occ.jobs.spec import JobSpec
+    from airflow_delta_occ.spark.early_abort import TableWatch
 
 Outcome = JobResult | BaseException
 Handler = Callable[["JobSpec"], JobResult]
@@ -81,6 +82,7 @@ class MemoryTransport(JobTransport):
         self.tables = dict(tables or {})
         self.connection = connection
         self.specs: list[JobSpec] = []
+        self.watches: list[TableWatch | None] = []   # what each run was given for early abort
         self.kills = 0
         self.warm_ups = 0
         self.kill_requested = threading.Event()
@@ -120,9 +122,10 @@ class MemoryTransport(JobTransport):
         with self._lock:   # called from the operator's warm-up thread
             self.warm_ups += 1
 
-    def run(self, spec: JobSpec) -> JobResult:
+    def run(self, spec: JobSpec, *, watch: TableWatch | None = None) -> JobResult:
         with self._lock:
             self.specs.append(spec)
+            self.watches.append(watch)
             outcome: Outcome | None = None if self._handler is not None or not self._queue else self._queue.popleft()
         self.kill_requested.clear()
         self.running = RunningJob(self.mode, f"delta-occ-memory-{uuid.uuid4().hex}")

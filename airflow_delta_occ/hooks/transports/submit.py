@@ -18,6 +18,7 @@ from airflow_delta_occ.spark.storage import SECRET_CONF_ENV, split_secret_confs
 
 if TYPE_CHECKING:
     from airflow_delta_occ.jobs.spec import JobSpec
+    from airflow_delta_occ.spark.early_abort import TableWatch
 
 
 class SubmitTransport(JobTransport):
@@ -35,8 +36,14 @@ class SubmitTransport(JobTransport):
                                     application_args=application_args,
                                     conf=self.host.conf_with_storage(delta_submit_conf()), name=name)
 
-    def run(self, spec: JobSpec) -> JobResult:
-        hook = self._hook(["--spec-json", spec.to_json()], f"delta-occ-{spec.run.dag_id}.{spec.run.task_id}")
+    def run(self, spec: JobSpec, *, watch: TableWatch | None = None) -> JobResult:
+        """Submit the runner with ``spec``; with ``watch``, the driver watches the table for early abort at its
+        interval, reading the log through its own Hadoop file system (``spark.hadoop_storage``): where and as
+        Spark reads the table, with the cluster's credentials, so only the interval travels."""
+        args = ["--spec-json", spec.to_json()]
+        if watch is not None:
+            args += ["--early-abort-interval", repr(float(watch.interval))]
+        hook = self._hook(args, f"delta-occ-{spec.run.dag_id}.{spec.run.task_id}")
         self.running = RunningJob(self.mode, str(hook._name), submit=hook)
         try:
             hook.submit(hook.application)

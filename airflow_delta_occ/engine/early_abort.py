@@ -100,6 +100,20 @@ class CertainConflict:
         return f"{what} makes this job's commit fail with {self.kind.value}: {self.exception}"
 
 
+UNBACKFILLED_COMMIT_FEATURES = frozenset({"coordinatedCommits-preview", "catalogOwned-preview", "catalogManaged"})
+"""Table features under which a commit is first ratified elsewhere (``_delta_log/_commits/``, a catalog) and
+written to ``_delta_log/<version>.json`` only later (backfilled)."""
+
+
+def commits_show_at_once(snapshot: Snapshot) -> bool:
+    """Whether each commit of the table is ``_delta_log/<version>.json`` as soon as it is made. Not so on a table
+    with coordinated or catalog-managed commits: a commit the job's transaction already read could still be
+    missing there, so the watch could take a commit the job read for a winner; such a table is never judged."""
+    protocol = snapshot.protocol
+    features = (protocol.reader_features or frozenset()) | (protocol.writer_features or frozenset())
+    return not features & UNBACKFILLED_COMMIT_FEATURES
+
+
 def running_commit(snapshot: Snapshot, operation: Operation | str, predicate: str | Expr | None = None, *,
                    commits: bool, label: str | None = None, target_alias: str | None = None,
                    reads_whole_table: bool = False) -> RunningCommit:
@@ -107,8 +121,10 @@ def running_commit(snapshot: Snapshot, operation: Operation | str, predicate: st
 
     ``snapshot`` must be the version the job's transaction read. ``commits`` says whether the job is
     certain to commit (see the module's docstring); ``predicate``, ``target_alias`` and
-    ``reads_whole_table`` mean what they mean to ``planner.plan_footprint``.
+    ``reads_whole_table`` mean what they mean to ``planner.plan_footprint``. On a table whose commits do not
+    show at once (``commits_show_at_once``) the job counts as not certain to commit: never doomed.
     """
+    commits = commits and commits_show_at_once(snapshot)
     op = Operation(operation)
     read = planned_read(snapshot, op, predicate, target_alias=target_alias, reads_whole_table=reads_whole_table)
     reads: dict[str, Mapping[str, str | None]] = {}

@@ -8,9 +8,12 @@ server); only its ``run_id`` must carry the gate token, which lands in ``commitI
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
+
+import pytest
 
 from airflow_delta_occ.engine import DeltaLog
 from airflow_delta_occ.exceptions import ConflictFailure
@@ -20,7 +23,8 @@ from airflow_delta_occ.operators.delta import DeltaMergeOperator
 from airflow_delta_occ.retry.classify import ConflictKind
 from airflow_delta_occ.spark.runner import run_job
 
-from .differential.harness import USER_METADATA_CONF, Interleaved, run_interleaved
+from ..servers import SMALL_SUBMIT_CONF, spark_env
+from .differential.harness import USER_METADATA_CONF, Interleaved, gate_session_conf, run_interleaved
 
 FAST = {"initial_delay": 0.0, "jitter": 0.0}
 JobRunner = Callable[[Any, JobSpec], JobResult]
@@ -117,3 +121,27 @@ def check_overlapping_merges(spark: Any, sales: str, tmp_path: Any, run_a: JobRu
     # Serial order: B, then A (A's retry re-read the table B changed, with the source read once).
     assert rows(spark, sales) == [(1, 100, "DE"), (2, 0, "DE"), (3, 0, "FR"), (4, 0, "FR"), (5, 5, "DE"),
                                   (6, 6, "DE")]
+
+
+def delta_conn(mode: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A ``delta_occ`` connection for ``mode`` (the gate jar on the remote side too); returns its id."""
+    if mode == "spark-submit":
+        cluster = request.getfixturevalue("standalone")
+        for key, value in spark_env(cluster["logs"]).items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.setenv("AIRFLOW_CONN_SPARK_RACE", json.dumps(
+            {"conn_type": "spark", "host": "spark://127.0.0.1", "port": cluster["port"],
+             "extra": {"deploy-mode": "client"}}))
+        extra: dict[str, Any] = {"mode": "spark-submit", "spark_conn_id": "spark_race", "spark_conf": {
+            **SMALL_SUBMIT_CONF, **gate_session_conf()}}
+    elif mode == "connect":
+        # Through the Spark provider's spark_connect connection, as a platform team would set it up.
+        port = request.getfixturevalue("connect_server")["url"].rsplit(":", 1)[1]
+        monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_RACE", json.dumps(
+            {"conn_type": "spark_connect", "host": "127.0.0.1", "port": int(port), "login": "delta-occ-tests"}))
+        extra = {"mode": "connect", "spark_connect_conn_id": "spark_connect_race"}
+    else:
+        extra = {"mode": "embedded"}
+    conn_id = f"delta_occ_{mode.replace('-', '_')}"
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "delta_occ", "extra": extra}))
+    return conn_id

@@ -35,9 +35,16 @@ from airflow_delta_occ.jobs.spec import JobSpec
 from airflow_delta_occ.spark.runner import RESULT_PREFIX
 from airflow_delta_occ.spark.session import CONNECT_MODE_FLAG
 
-from ..servers import SMALL_SUBMIT_CONF, get_json, spark_env
-from .differential.harness import gate_session_conf
-from .jobs import check_disjoint_merges, check_overlapping_merges, create_sales, merge_spec, race_merges, source
+from ..servers import SMALL_SUBMIT_CONF, get_json
+from .jobs import (
+    check_disjoint_merges,
+    check_overlapping_merges,
+    create_sales,
+    delta_conn,
+    merge_spec,
+    race_merges,
+    source,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -87,34 +94,10 @@ def _hook_runner(conn_id: str) -> Callable[[Any, JobSpec], JobResult]:
     return lambda _session, spec: DeltaSparkHook(conn_id).run(spec)
 
 
-def _delta_conn(mode: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A ``delta_occ`` connection for ``mode`` (the gate jar on the remote side too); returns its id."""
-    if mode == "spark-submit":
-        cluster = request.getfixturevalue("standalone")
-        for key, value in spark_env(cluster["logs"]).items():
-            monkeypatch.setenv(key, value)
-        monkeypatch.setenv("AIRFLOW_CONN_SPARK_RACE", json.dumps(
-            {"conn_type": "spark", "host": "spark://127.0.0.1", "port": cluster["port"],
-             "extra": {"deploy-mode": "client"}}))
-        extra: dict[str, Any] = {"mode": "spark-submit", "spark_conn_id": "spark_race", "spark_conf": {
-            **SMALL_SUBMIT_CONF, **gate_session_conf()}}
-    elif mode == "connect":
-        # Through the Spark provider's spark_connect connection, as a platform team would set it up.
-        port = request.getfixturevalue("connect_server")["url"].rsplit(":", 1)[1]
-        monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_RACE", json.dumps(
-            {"conn_type": "spark_connect", "host": "127.0.0.1", "port": int(port), "login": "delta-occ-tests"}))
-        extra = {"mode": "connect", "spark_connect_conn_id": "spark_connect_race"}
-    else:
-        extra = {"mode": "embedded"}
-    conn_id = f"delta_occ_{mode.replace('-', '_')}"
-    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "delta_occ", "extra": extra}))
-    return conn_id
-
-
 @pytest.fixture(params=["spark-submit", "connect"])
 def remote_runner(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
     """Runs job A through the hook in one of the remote modes."""
-    return _hook_runner(_delta_conn(request.param, request, monkeypatch))
+    return _hook_runner(delta_conn(request.param, request, monkeypatch))
 
 
 def _outcome(run: Callable[[], Any]) -> tuple[str, str]:
@@ -136,7 +119,7 @@ def test_the_same_failure_raises_the_same_error_in_every_mode(spark: Any, tmp_pa
 
     outcomes: dict[str, dict[str, tuple[str, str]]] = {}
     for i, mode in enumerate(("embedded", "spark-submit", "connect")):
-        runner = _hook_runner(_delta_conn(mode, request, monkeypatch))
+        runner = _hook_runner(delta_conn(mode, request, monkeypatch))
         home = tmp_path / f"mode{i}"  # paths of one length: Spark's messages give positions in the statement
         sales = create_sales(spark, str(home / "sales"))
         src = source(spark, home, "de", [(1, 11, "2024-01-01", "DE")])
@@ -245,7 +228,7 @@ def test_the_connection_button_in_the_remote_modes(request: pytest.FixtureReques
     """The form's test button answers from the real servers: spark-submit's binary for the cluster's
     connection, and a SELECT 1 through the spark_connect connection."""
     for mode, expected in (("spark-submit", "spark://127.0.0.1"), ("connect", "answered SELECT 1")):
-        ok, message = DeltaSparkHook(_delta_conn(mode, request, monkeypatch)).test_connection()
+        ok, message = DeltaSparkHook(delta_conn(mode, request, monkeypatch)).test_connection()
         assert ok and expected in message, message
 
 
@@ -255,7 +238,7 @@ def test_connect_table_name_is_looked_up_in_the_servers_catalog(request: pytest.
     (and unknown to this process) is found, and a missing one raises ``TableNotFoundError``."""
     from airflow_delta_occ.engine.errors import TableNotFoundError
 
-    hook = DeltaSparkHook(_delta_conn("connect", request, monkeypatch))
+    hook = DeltaSparkHook(delta_conn("connect", request, monkeypatch))
     location = tmp_path / "only_on_the_server"
     with hook.job_session() as spark:
         spark.sql(f"CREATE TABLE default.only_on_connect (id INT) USING delta LOCATION '{location}'")
@@ -279,7 +262,7 @@ def test_spark_submit_table_name_is_looked_up_on_the_cluster(spark: Any, request
     from airflow_delta_occ.engine.errors import TableNotFoundError
     from airflow_delta_occ.spark.session import delta_submit_conf
 
-    conn_id = _delta_conn("spark-submit", request, monkeypatch)
+    conn_id = delta_conn("spark-submit", request, monkeypatch)
     metastore = {"spark.sql.catalogImplementation": "hive", "spark.sql.warehouse.dir": str(tmp_path / "warehouse"),
                  "spark.hadoop.javax.jdo.option.ConnectionURL":
                      f"jdbc:derby:;databaseName={tmp_path / 'metastore_db'};create=true"}
@@ -312,7 +295,7 @@ def test_remote_statements_mean_what_was_rendered_whatever_the_spark_conf(spark:
     from airflow_delta_occ.jobs.spec import RunIdentity
     from airflow_delta_occ.operators.delta import DeltaDeleteOperator, DeltaUpdateOperator
 
-    conn_id = _delta_conn(mode, request, monkeypatch)
+    conn_id = delta_conn(mode, request, monkeypatch)
     flipped = {"spark.sql.parser.escapedStringLiterals": "true", "spark.sql.variable.substitute": "true",
                "spark.sql.ansi.enabled": "false"}
     hook = DeltaSparkHook(conn_id, spark_conf=flipped)  # over the connection's own spark_conf

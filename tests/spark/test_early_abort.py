@@ -18,6 +18,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -26,12 +27,13 @@ from airflow_delta_occ.engine import DeltaLog
 from airflow_delta_occ.engine.log_segment import commit_file_name
 from airflow_delta_occ.operators.delta import DeltaBaseOperator, DeltaMergeOperator, DeltaUpdateOperator
 
-from .jobs import context
+from .jobs import context, delta_conn
 
 ROWS = 6_000_000
 FILES = 4
 INTERVAL = 0.5
 WATCH_LOGGER = "airflow_delta_occ.spark.early_abort"
+TaskLog = Callable[[], list[tuple[float, str]]]
 
 
 @pytest.fixture(scope="module")
@@ -60,15 +62,35 @@ def _source(spark: Any, tmp_path: Any) -> str:
     return path
 
 
-@pytest.fixture(params=["embedded", "connect"])
+@pytest.fixture(params=["embedded", "connect", "spark-submit"])
 def conn_id(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str | None:
-    """The MERGE's ``delta_conn_id``: the default (embedded), or a Connect connection to the shared server."""
+    """The MERGE's ``delta_conn_id``: the default (embedded), a Connect connection to the shared server, or a
+    spark-submit connection to the tier's standalone cluster (the watch then runs in the driver)."""
     if request.param == "embedded":
         return None
+    if request.param == "spark-submit":
+        return delta_conn("spark-submit", request, monkeypatch)
     url = request.getfixturevalue("connect_server")["url"]
     monkeypatch.setenv("AIRFLOW_CONN_DELTA_OCC_EARLY", json.dumps(
         {"conn_type": "delta_occ", "extra": {"mode": "connect", "connect_url": url}}))
     return "delta_occ_early"
+
+
+def _stamp(_logger: Any, _method: str, event: Any) -> Any:
+    event["received"] = time.time()
+    return event
+
+
+@pytest.fixture
+def task_log(caplog: pytest.LogCaptureFixture) -> Iterator[Callable[[], list[tuple[float, str]]]]:
+    """What reaches the task log, as (when it arrived, line): the provider's loggers in this process, and the
+    hook's lines (a spark-submit driver's output, where its watch logs)."""
+    import structlog.testing
+
+    caplog.set_level(logging.INFO, logger="airflow_delta_occ")
+    with structlog.testing.capture_logs(processors=[_stamp]) as hook_lines:
+        yield lambda: [(float(e["received"]), str(e["event"])) for e in list(hook_lines)] + \
+            [(r.created, r.getMessage()) for r in list(caplog.records)]
 
 
 def _merge(table: str, src: str, conn_id: str | None = None) -> DeltaMergeOperator:
@@ -87,11 +109,10 @@ def _update(table: str, where: str, partition: int) -> DeltaUpdateOperator:
         early_abort=True, early_abort_interval=INTERVAL)
 
 
-def _race(spark: Any, table: str, job: DeltaBaseOperator, other_partition: int, caplog: Any
+def _race(spark: Any, table: str, job: DeltaBaseOperator, other_partition: int, lines: TaskLog
           ) -> tuple[dict[str, Any], int, float]:
     """Run the job in a thread; once its watch judges, commit one row into ``other_partition`` from another
     session. Returns the job's result, the other commit's version and when its commit file was written."""
-    caplog.set_level(logging.INFO, logger=WATCH_LOGGER)
     done: dict[str, Any] = {}
 
     def run() -> None:
@@ -103,7 +124,7 @@ def _race(spark: Any, table: str, job: DeltaBaseOperator, other_partition: int, 
     merge = threading.Thread(target=run)
     merge.start()
     deadline = time.monotonic() + 120
-    while not any("Early abort judges this attempt" in r.getMessage() for r in caplog.records):
+    while not any("Early abort judges this attempt" in line for _, line in lines()):
         assert merge.is_alive() and time.monotonic() < deadline, f"the watch never judged: {done}"
         time.sleep(0.05)
     spark.newSession().sql(f"INSERT INTO delta.`{table}` VALUES (-4242, {other_partition}, 0)").collect()
@@ -114,11 +135,19 @@ def _race(spark: Any, table: str, job: DeltaBaseOperator, other_partition: int, 
     return done["result"], version, landed
 
 
+def _assert_cancelled_in_time(task_log: TaskLog, landed: float) -> None:
+    """The first cancel reached the task log within two watch intervals of the commit file's write (plus the
+    judge's and the log's own time)."""
+    cancels = sorted(at for at, line in task_log() if "Early abort: version" in line)
+    assert cancels, "no cancel was logged"
+    assert cancels[0] - landed <= 2 * INTERVAL + 0.5, f"cancelled {cancels[0] - landed:.2f} s after the commit landed"
+
+
 def test_a_merge_doomed_by_a_commit_in_its_partition_is_stopped_early(spark: Any, table: str, tmp_path: Any,
-                                                                     caplog: Any, conn_id: str | None) -> None:
+                                                                     task_log: TaskLog, conn_id: str | None) -> None:
     src = _source(spark, tmp_path)
     before = DeltaLog.for_table(table).latest_version()
-    result, other, landed = _race(spark, table, _merge(table, src, conn_id), 1, caplog)
+    result, other, landed = _race(spark, table, _merge(table, src, conn_id), 1, task_log)
 
     history = [(c.version, c.commit_info.operation, c.commit_info.read_version)   # type: ignore[union-attr]
                for c in DeltaLog.for_table(table).commits_after(before)]
@@ -126,10 +155,7 @@ def test_a_merge_doomed_by_a_commit_in_its_partition_is_stopped_early(spark: Any
     stopped = result["conflicts"][0]
     assert stopped["early"] and stopped["kind"] == "ConcurrentAppendException" and stopped["action"] == "retry"
     assert stopped["winning_version"] == other and stopped["winning_operation"] == "WRITE"
-    cancels = [r for r in caplog.records if r.getMessage().startswith("Early abort: version")]
-    assert cancels, "no cancel was logged"
-    assert cancels[0].created - landed <= 2 * INTERVAL + 0.5, (
-        f"cancelled {cancels[0].created - landed:.2f} s after the commit landed")
+    _assert_cancelled_in_time(task_log, landed)
     # Nothing of the stopped attempt was committed: the log holds the other commit, then one MERGE.
     after = DeltaLog.for_table(table).commits_after(before)
     assert [c.commit_info.operation for c in after] == ["WRITE", "MERGE"]   # type: ignore[union-attr]
@@ -141,30 +167,27 @@ def test_a_merge_doomed_by_a_commit_in_its_partition_is_stopped_early(spark: Any
 
 
 def test_a_merge_beside_a_commit_in_another_partition_is_never_stopped(spark: Any, table: str, tmp_path: Any,
-                                                                      caplog: Any) -> None:
+                                                                      task_log: TaskLog) -> None:
     src = _source(spark, tmp_path)
-    result, other, _ = _race(spark, table, _merge(table, src), 2, caplog)
+    result, other, _ = _race(spark, table, _merge(table, src), 2, task_log)
 
     assert result["attempts"] == 1 and result["conflicts"] == [] and result["version"] == other + 1
-    assert not [r for r in caplog.records if r.getMessage().startswith("Early abort: version")]
-    watched = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Early abort watched")]
+    assert not [line for _, line in task_log() if "Early abort: version" in line]
+    watched = [line for _, line in task_log() if line.startswith("Early abort watched")]
     assert watched and "1 commit(s) landed" in watched[0], watched
 
 
 def test_an_update_doomed_by_a_commit_in_its_partition_is_stopped_early(spark: Any, table: str,
-                                                                       caplog: Any) -> None:
+                                                                       task_log: TaskLog) -> None:
     """An UPDATE commits only if a row meets its condition: the watch asks Spark at the pinned version first."""
     before = DeltaLog.for_table(table).latest_version()
-    result, other, landed = _race(spark, table, _update(table, "v >= 0", 1), 1, caplog)
+    result, other, landed = _race(spark, table, _update(table, "v >= 0", 1), 1, task_log)
 
-    assert any("Early abort watches this update: a row meets its condition" in r.getMessage()
-               for r in caplog.records)
+    assert any("Early abort watches this update: a row meets its condition" in line for _, line in task_log())
     assert result["attempts"] == 2 and result["confirmed"], result["conflicts"]
     stopped = result["conflicts"][0]
     assert stopped["early"] and stopped["kind"] == "ConcurrentAppendException" and stopped["winning_version"] == other
-    cancels = [r for r in caplog.records if r.getMessage().startswith("Early abort: version")]
-    assert cancels and cancels[0].created - landed <= 2 * INTERVAL + 0.5, (
-        f"cancelled {cancels[0].created - landed:.2f} s after the commit landed" if cancels else "no cancel logged")
+    _assert_cancelled_in_time(task_log, landed)
     after = DeltaLog.for_table(table).commits_after(before)
     assert [c.commit_info.operation for c in after] == ["WRITE", "UPDATE"]   # type: ignore[union-attr]
     # Every row of p=1 bumped once, the other commit's row (p=1, v=0) included; p=2 untouched.

@@ -57,6 +57,20 @@ def test_a_job_not_certain_to_commit_is_never_doomed(tmp_path):
     assert _judge(b, Operation.UPDATE, "country = 'DE'", commits=False) is None
 
 
+def test_a_table_whose_commits_are_backfilled_later_is_never_judged(tmp_path):
+    """With coordinated commits a commit is ratified first and written as <version>.json later: a commit the
+    job's transaction read may not show yet, and could later pass for a winner."""
+    b = LogBuilder(tmp_path / "t")
+    b.commit(commit_info("CREATE TABLE"), protocol(3, 7, [], ["coordinatedCommits-preview"]),
+             metadata(partition_columns=("date", "country")))
+    b.commit(commit_info(), add("de-0.parquet", DE))
+    b.commit(commit_info("WRITE"), add("de-1.parquet", DE))
+    assert _judge(b, Operation.UPDATE, "country = 'DE'") is None
+    plain = _table(tmp_path / "plain")
+    plain.commit(commit_info("WRITE"), add("de-1.parquet", DE))
+    assert _judge(plain, Operation.UPDATE, "country = 'DE'") is not None
+
+
 def test_a_removed_file_dooms_only_when_the_scan_surely_read_it(tmp_path):
     b = _table(tmp_path)
     b.commit(commit_info("DELETE"), remove("de-0.parquet"))

@@ -154,7 +154,7 @@ class DeltaBaseOperator(BaseOperator):
         ``[openlineage] spark_inject_parent_job_info``.
     :param openlineage_inject_transport_info: give it the OpenLineage transport too; default:
         ``[openlineage] spark_inject_transport_info``.
-    :param early_abort: watch the table's log while the job runs (embedded and Connect modes) and, as soon
+    :param early_abort: watch the table's log while the job runs (in every mode) and, as soon
         as a commit that landed makes the job's own commit certain to fail, cancel its Spark work and retry
         it as that conflict at once, instead of after all the doomed work. Acts only where the verdict is as
         sure as Delta's own check, and only for a job certain to commit (see docs/early-abort.md). Default:

@@ -6,8 +6,12 @@ while it runs.
 * In another partition: the MERGE commits on its first attempt, never cancelled, and the watch did see the
   commit (so the test is not passing on a watch that never ran).
 
-The doomed MERGE runs embedded and over Spark Connect (the tier's shared server): the two modes tag, see and
-cancel a statement's Spark work differently.
+* An UPDATE (certain to commit only once a row at its read version meets its condition) is stopped the same
+  way; one that matches no row is not watched.
+
+Every mode is watched: the doomed MERGE runs over Spark Connect (the tier's shared server) and through
+spark-submit (the driver watches, reading the log through its Hadoop file system), the doomed UPDATE embedded.
+Classic sessions and Connect tag, see and cancel a statement's Spark work differently.
 """
 
 from __future__ import annotations
@@ -62,12 +66,12 @@ def _source(spark: Any, tmp_path: Any) -> str:
     return path
 
 
-@pytest.fixture(params=["embedded", "connect", "spark-submit"])
-def conn_id(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str | None:
-    """The MERGE's ``delta_conn_id``: the default (embedded), a Connect connection to the shared server, or a
-    spark-submit connection to the tier's standalone cluster (the watch then runs in the driver)."""
-    if request.param == "embedded":
-        return None
+@pytest.fixture(params=["connect", "spark-submit"])
+def conn_id(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The doomed MERGE's ``delta_conn_id``: a Connect connection to the tier's shared server, or a spark-submit
+    connection to its standalone cluster (the watch then runs in the driver). The embedded mode is proven by the
+    doomed UPDATE below (the same classic-session watch as a spark-submit driver's), and the embedded MERGE by
+    ``make bench-early-abort``."""
     if request.param == "spark-submit":
         return delta_conn("spark-submit", request, monkeypatch)
     url = request.getfixturevalue("connect_server")["url"]
@@ -144,7 +148,7 @@ def _assert_cancelled_in_time(task_log: TaskLog, landed: float) -> None:
 
 
 def test_a_merge_doomed_by_a_commit_in_its_partition_is_stopped_early(spark: Any, table: str, tmp_path: Any,
-                                                                     task_log: TaskLog, conn_id: str | None) -> None:
+                                                                     task_log: TaskLog, conn_id: str) -> None:
     src = _source(spark, tmp_path)
     before = DeltaLog.for_table(table).latest_version()
     result, other, landed = _race(spark, table, _merge(table, src, conn_id), 1, task_log)

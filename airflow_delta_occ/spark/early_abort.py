@@ -293,10 +293,12 @@ class EarlyAbort:
     """
 
     def __init__(self, spec: JobSpec, watch: TableWatch,
-                 certainty: CommitCertainty = CommitCertainty.CERTAIN) -> None:
+                 certainty: CommitCertainty = CommitCertainty.CERTAIN,
+                 work_for: Callable[[Any], SparkWork] = spark_work) -> None:
         self.spec = spec
         self.watch = watch
         self.certainty = certainty
+        self.work_for = work_for   # the attempt adapter for a session (a stand-in in the unit tests)
         self.reports: list[WatchReport] = []
 
     @classmethod
@@ -372,7 +374,7 @@ class EarlyAbort:
             return None, None
         if self.certainty is CommitCertainty.IF_A_ROW_MATCHES and not self._a_row_matches(session, version):
             return None, None
-        work = spark_work(session)
+        work = self.work_for(session)
         if isinstance(work, ConnectWork) and self.spec.operation is JobOperation.MERGE \
                 and str(session.conf.get(MATERIALIZED_SOURCE_ATTEMPTS, "4")).strip() != "1":
             log.info("Early abort does not watch this MERGE: the Spark Connect server lets delta-spark re-run it in a "

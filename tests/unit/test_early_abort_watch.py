@@ -4,6 +4,7 @@ attempt is recorded and retried. (tests/spark/test_early_abort.py runs it on rea
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -24,7 +25,7 @@ from airflow_delta_occ.jobs.spec import JobSpec, MergeClause, RunIdentity, Sourc
 from airflow_delta_occ.jobs.sql import matching_row_sql
 from airflow_delta_occ.operators.delta import DeltaMergeOperator
 from airflow_delta_occ.retry.policy import RetryOutcome, policies_for, run_with_policies
-from airflow_delta_occ.spark.early_abort import AttemptWatch, pin_version
+from airflow_delta_occ.spark.early_abort import AttemptWatch, EarlyAbort, TableWatch, pin_version
 
 from .engine.logbuilder import LogBuilder, add, commit_info, metadata, protocol
 
@@ -264,3 +265,112 @@ def test_a_pooled_jobs_early_stop_is_in_the_release_audit_line(tmp_path):
     released = [e for e in store.history(pool="p") if e.kind is AuditKind.RELEASE]
     assert released and released[0].detail.startswith("held ")
     assert released[0].detail.endswith("; attempt 1 stopped early by version 7 (WRITE): ConcurrentAppendException")
+
+
+# -- EarlyAbort.attempt end to end, with a stand-in for Spark on a real log ----------------------------------
+
+class _Attempt(_Work):
+    """An attempt's Spark work as ``EarlyAbort.attempt`` drives it: tagged, and ended by a cancel it recognises."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags = 0
+        self.began.set()
+
+    @contextlib.contextmanager
+    def tagged(self):
+        self.tags += 1
+        yield
+
+    def ended_by_cancel(self, error: BaseException) -> bool:
+        return str(error) == "cancelled"
+
+
+@pytest.fixture(autouse=True)
+def _watch_logs(caplog):
+    caplog.set_level("INFO", logger="airflow_delta_occ.spark.early_abort")
+
+
+def _early(b, work, *, planned=1):
+    spec = replace(_merge(MergeClause(ClauseKind.MATCHED_UPDATE_ALL), MergeClause(ClauseKind.NOT_MATCHED_INSERT_ALL)),
+                   planned_version=planned)
+    watch = TableWatch(open_log=lambda: DeltaLog.for_table(b.root), interval=0.02)
+    return EarlyAbort(spec, watch, work_for=lambda _session: work), spec
+
+
+def _newest(b):
+    return lambda: DeltaLog.for_table(b.root).latest_version()
+
+
+def _judging(caplog):
+    """Wait until the watch has confirmed the version the attempt read (a commit after that is a winner)."""
+    _until(lambda: "Early abort judges this attempt" in caplog.text)
+
+
+def test_a_doomed_attempt_is_cancelled_and_raised_as_its_conflict(tmp_path, caplog):
+    b = _table(tmp_path)
+    work = _Attempt()
+    early, _ = _early(b, work)
+    with pytest.raises(JobStoppedEarly) as stopped:
+        with early.attempt(None, _newest(b)):
+            _judging(caplog)
+            b.commit(commit_info("MERGE"), add("de-1.parquet", DE))
+            _until(lambda: work.cancels > 0)
+            raise RuntimeError("cancelled")
+    assert stopped.value.kind is ConflictKind.APPEND and stopped.value.version == 2 and work.tags == 1
+    assert early.reports[0].found is not None and early.reports[0].cancelled_after is not None
+
+
+def test_an_error_that_is_not_the_cancel_stays_itself(tmp_path, caplog):
+    # A verdict was reached, but the statement ended with its own error (a constraint, an outage): not a conflict.
+    b = _table(tmp_path)
+    work = _Attempt()
+    early, _ = _early(b, work)
+    with pytest.raises(ValueError, match="a row matched twice"):
+        with early.attempt(None, _newest(b)):
+            _judging(caplog)
+            b.commit(commit_info("MERGE"), add("de-1.parquet", DE))
+            _until(lambda: work.cancels > 0)
+            raise ValueError("a row matched twice")
+
+
+def test_a_statement_that_committed_before_the_cancel_reached_it_succeeded(tmp_path, caplog):
+    # The commit happened: raising a conflict now would retry a job that wrote (and write twice without idempotency).
+    b = _table(tmp_path)
+    work = _Attempt()
+    early, spec = _early(b, work)
+    with early.attempt(None, _newest(b)):
+        _judging(caplog)
+        b.commit(commit_info("MERGE"), add("de-1.parquet", DE))
+        _until(lambda: work.cancels > 0)
+        b.commit(commit_info("MERGE", userMetadata=spec.run.user_metadata()), add("de-2.parquet", DE))
+        raise RuntimeError("cancelled")
+    assert "yet its statement committed" in caplog.text
+
+
+def test_an_attempt_whose_earlier_try_committed_or_without_a_plan_runs_unwatched(tmp_path, caplog):
+    b = _table(tmp_path)
+    work = _Attempt()
+    early, spec = _early(b, work)
+    b.commit(commit_info("MERGE", userMetadata=spec.run.user_metadata()), add("de-1.parquet", DE))
+    with early.attempt(None, _newest(b)):
+        b.commit(commit_info("MERGE"), add("de-2.parquet", DE))
+        time.sleep(0.1)
+    assert work.tags == 0 and work.cancels == 0 and "an earlier try of this task run committed" in caplog.text
+    unplanned, _ = _early(b, work, planned=None)
+    with unplanned.attempt(None, _newest(b)):
+        pass
+    assert work.tags == 0 and "the job has no planned version" in caplog.text
+
+
+def test_a_kill_ends_the_watch_with_the_attempt(tmp_path):
+    b = _table(tmp_path)
+    work = _Attempt()
+    early, _ = _early(b, work)
+    with pytest.raises(KeyboardInterrupt):
+        with early.attempt(None, _newest(b)):
+            raise KeyboardInterrupt
+    assert len(early.reports) == 1 and early.reports[0].found is None
+    b.commit(commit_info("MERGE"), add("de-1.parquet", DE))
+    time.sleep(0.1)
+    assert work.cancels == 0   # the watch thread is gone

@@ -142,35 +142,50 @@ def running_commit(snapshot: Snapshot, operation: Operation | str, predicate: st
                          read_whole_table=False, certain_reads=MappingProxyType(reads), commits=commits)
 
 
+class CommitJudge:
+    """Judges the commits that won against a running job one at a time, as they land (oldest first), keeping the
+    job's smallest commit rebased over each that passed, as delta-spark does (its protocol and allowed metadata
+    become the job's): a later winner is judged as Delta will judge it, and each winner is judged once, so a job
+    beside a busy stream costs one check per commit."""
+
+    def __init__(self, running: RunningCommit) -> None:
+        self.running = running
+        table = running.table
+        self._schema = PartitionSchema.of(table.metadata)
+        actions = _smallest_actions(running, self._schema)
+        name = DELTA_OPERATION_NAMES[running.operation]
+        self._level = isolation_to_use(actions, name in DATA_CHANGING_OPERATIONS,
+                                       table_isolation_level(table.metadata))
+        self._pending = PendingCommit(
+            read_version=table.version, partition_schema=self._schema, read_protocol=table.protocol,
+            metadata=table.metadata, protocol=table.protocol, actions=actions, operation=name,
+            read_predicates=(running.read_predicate,) if running.read_predicate is not None else (),
+            read_files=running.certain_reads, read_whole_table=running.read_whole_table,
+        )
+        self.found: CertainConflict | None = None
+
+    def judge(self, commit: Commit) -> CertainConflict | None:
+        """The verdict once ``commit`` (the next winner) is in: the first certain conflict so far, or ``None``:
+        keep running. After a conflict the verdict stands, whatever lands next."""
+        if self.found is not None or not self.running.commits or commit.version <= self.running.read_version:
+            return self.found
+        winner = WinningCommit.of(commit)
+        winner = replace(winner, added=tuple(a for a in winner.added
+                                             if self._schema.typed(a.partition_values) is not None))
+        try:
+            self._pending = check_winning_commit(self._pending, winner, self._level)
+        except DeltaConcurrentModificationException as exc:
+            self.found = CertainConflict(version=commit.version, operation=winner.operation, exception=exc)
+        return self.found
+
+
 def certain_conflict(running: RunningCommit, winners: Iterable[Commit]) -> CertainConflict | None:
     """The first of ``winners`` (commits after ``running.read_version``, oldest first) that makes the job's
-    commit certain to fail, or ``None``: keep running.
-
-    Each winner that passes is rebased over, as delta-spark does (its protocol and allowed metadata
-    become the job's), so a later winner is judged as Delta will judge it.
-    """
-    if not running.commits:
-        return None
-    table = running.table
-    schema = PartitionSchema.of(table.metadata)
-    actions = _smallest_actions(running, schema)
-    name = DELTA_OPERATION_NAMES[running.operation]
-    level = isolation_to_use(actions, name in DATA_CHANGING_OPERATIONS, table_isolation_level(table.metadata))
-    pending = PendingCommit(
-        read_version=table.version, partition_schema=schema, read_protocol=table.protocol,
-        metadata=table.metadata, protocol=table.protocol, actions=actions, operation=name,
-        read_predicates=(running.read_predicate,) if running.read_predicate is not None else (),
-        read_files=running.certain_reads, read_whole_table=running.read_whole_table,
-    )
+    commit certain to fail, or ``None``: keep running (``CommitJudge`` over them all)."""
+    judge = CommitJudge(running)
     for commit in winners:
-        if commit.version <= table.version:
-            continue
-        winner = WinningCommit.of(commit)
-        winner = replace(winner, added=tuple(a for a in winner.added if schema.typed(a.partition_values) is not None))
-        try:
-            pending = check_winning_commit(pending, winner, level)
-        except DeltaConcurrentModificationException as exc:
-            return CertainConflict(version=commit.version, operation=winner.operation, exception=exc)
+        if (found := judge.judge(commit)) is not None:
+            return found
     return None
 
 
@@ -215,4 +230,5 @@ def _surely_matches(predicate: Expr, schema: PartitionSchema, raw: Mapping[str, 
     return typed is not None and evaluate_partition(predicate, typed) is True
 
 
-__all__ = ["CertainConflict", "RunningCommit", "certain_conflict", "running_commit"]
+__all__ = ["CertainConflict", "CommitJudge", "RunningCommit", "certain_conflict", "commits_show_at_once",
+           "running_commit"]

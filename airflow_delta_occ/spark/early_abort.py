@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from airflow_delta_occ.engine.early_abort import CertainConflict, RunningCommit, certain_conflict
+from airflow_delta_occ.engine.early_abort import CertainConflict, CommitJudge, RunningCommit
 from airflow_delta_occ.engine.snapshot import Commit, DeltaLog
 from airflow_delta_occ.exceptions import JobStoppedEarly
 from airflow_delta_occ.jobs.footprint import CommitCertainty, commit_certainty, counts_source_rows, running_commit_of
@@ -218,7 +218,7 @@ class AttemptWatch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="delta-occ-early-abort", daemon=True)
         self._began = 0.0
-        self._winners: list[Commit] = []
+        self._judge_of = CommitJudge(running)
 
     def start(self) -> None:
         self._began = self.clock()
@@ -269,17 +269,15 @@ class AttemptWatch:
         return True
 
     def _judge(self) -> None:
-        fresh = False
-        while (commit := self.log.commit_if_present(self.report.read_version + len(self._winners) + 1)) is not None:
+        """Judge each commit that landed since the last look, once (``CommitJudge`` keeps the rebased state)."""
+        while (commit := self.log.commit_if_present(self.report.read_version + self.report.commits_seen + 1)) \
+                is not None:
             if self.own(commit):   # the statement committed: nothing left to stop, even after a verdict
                 self.report.committed = True
                 return
-            self._winners.append(commit)
-            fresh = True
-        self.report.commits_seen = len(self._winners)
-        if fresh and self.report.found is None:
-            found = certain_conflict(self.running, self._winners)
-            if found is not None:
+            self.report.commits_seen += 1
+            found = self._judge_of.judge(commit)
+            if found is not None and self.report.found is None:
                 self.report.found = found
                 self.report.found_after = round(self.clock() - self._began, 3)
 

@@ -138,3 +138,22 @@ def test_a_whole_table_merge_is_not_doomed_by_the_removal_of_a_file_added_after_
     b.commit(commit_info("DELETE", isBlindAppend=False), remove("fr-0.parquet"))   # one it did read
     found = _judge(b, Operation.MERGE, "t.id = s.id AND t.country = 'DE'", **merge)
     assert found is not None and found.kind is ConflictKind.DELETE_READ and found.version == 4
+
+
+def test_the_judge_takes_winners_one_at_a_time_and_its_verdict_stands(tmp_path):
+    """The watch judges each commit once, as it lands, and gets the verdict a judgement of them all would give."""
+    from airflow_delta_occ.engine.early_abort import CommitJudge
+
+    b = _table(tmp_path)
+    for i in range(30):
+        b.commit(commit_info("WRITE"), add(f"fr-{i + 1}.parquet", FR))
+    b.commit(commit_info("MERGE"), add("de-1.parquet", DE))
+    b.commit(commit_info("WRITE"), add("fr-99.parquet", FR))
+    log = DeltaLog.for_table(b.root)
+    running = running_commit(log.snapshot(1), Operation.UPDATE, "country = 'DE'", commits=True)
+    judge = CommitJudge(running)
+    verdicts = [judge.judge(c) for c in log.commits_after(1)]
+    assert verdicts[:30] == [None] * 30
+    assert verdicts[30] is not None and verdicts[30].version == 32 and verdicts[31] is verdicts[30]
+    at_once = certain_conflict(running, log.commits_after(1))
+    assert at_once is not None and (at_once.version, at_once.kind) == (32, verdicts[30].kind)

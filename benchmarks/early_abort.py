@@ -73,7 +73,7 @@ def merge(table: str, src: str, early: bool, task: str, conn_id: str | None) -> 
         conflict_policies={"ConcurrentAppendException": {"initial_delay": 0.0, "jitter": 0.0}},
         early_abort=early, early_abort_interval=INTERVAL)
     ti = SimpleNamespace(dag_id="early_abort_bench", task_id=task, map_index=-1, try_number=1)
-    return op.execute({"ti": ti, "run_id": f"bench__{task}"})  # type: ignore[no-any-return]
+    return op.execute({"ti": ti, "run_id": f"bench__{task}"})
 
 
 def run_once(spark: Any, base: str, work: Path, src: str, rows: int, early: bool, foreign_after: float | None,
@@ -185,7 +185,7 @@ def measure(spark: Any, work: Path, args: argparse.Namespace, conn_id: str | Non
 
 def render(args: argparse.Namespace, duration: float, runs: dict[bool, list[dict[str, Any]]]) -> str:
     def median(early: bool, key: str) -> float:
-        return statistics.median(r[key] for r in runs[early])
+        return float(statistics.median(r[key] for r in runs[early]))
 
     def spread(early: bool, key: str) -> str:
         values = [r[key] for r in runs[early]]

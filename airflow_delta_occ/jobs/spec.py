@@ -98,6 +98,12 @@ class MergeClause:
             raise JobSpecError(f"merge clause {self.kind} needs a non-empty set mapping")
 
 
+TXN_VERSION = 0
+"""The ``txnVersion`` of an idempotent job's writes (its ``txnAppId`` is the run's ``app_id``): each task run
+writes at most once per app id, so version 0 is enough, and Delta skips a write whose app id the table already
+holds at this version or later."""
+
+
 @dataclass(frozen=True)
 class RunIdentity:
     """The Airflow task run a commit belongs to; written into commitInfo.userMetadata and used as txnAppId.

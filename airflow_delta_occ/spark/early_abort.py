@@ -42,12 +42,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from airflow_delta_occ.engine.early_abort import CertainConflict, CommitJudge, RunningCommit
-from airflow_delta_occ.engine.snapshot import Commit, DeltaLog
+from airflow_delta_occ.engine.early_abort import CertainConflict, CommitJudge, RunningCommit, commits_show_at_once
+from airflow_delta_occ.engine.snapshot import Commit, DeltaLog, Snapshot
 from airflow_delta_occ.exceptions import JobStoppedEarly
 from airflow_delta_occ.jobs.footprint import CommitCertainty, commit_certainty, counts_source_rows, running_commit_of
 from airflow_delta_occ.jobs.operations import JobOperation
-from airflow_delta_occ.jobs.spec import JobSpec
+from airflow_delta_occ.jobs.spec import TXN_VERSION, JobSpec
 from airflow_delta_occ.jobs.sql import matching_row_sql
 from airflow_delta_occ.spark.statements import run_sql
 
@@ -56,8 +56,6 @@ log = logging.getLogger(__name__)
 DEFAULT_INTERVAL_SECONDS = 1.0
 PIN_TRIES = 5
 """History reads ``pin_version`` makes before giving up (a table committed to without pause)."""
-PLAN_LOOKBACK_COMMITS = 100
-"""Commits read, from the job's plan to the pinned version, to find an earlier try's commit."""
 MATERIALIZED_SOURCE_ATTEMPTS = "spark.databricks.delta.merge.materializeSource.maxAttempts"
 """delta-spark re-runs a MERGE inside its statement, with a new transaction, when its materialised source is
 lost (a static conf, 4 attempts by default): the new transaction may read a newer version than the one pinned.
@@ -122,8 +120,7 @@ class ClassicWork:
 
     def ended_by_cancel(self, error: BaseException) -> bool:
         """Whether the statement failed because this attempt's jobs were cancelled (Spark names the tag)."""
-        text = str(error)
-        return "SPARK_JOB_CANCELLED" in text and self.tag in text
+        return is_cancel(error) and self.tag in str(error)
 
 
 class ConnectWork:
@@ -166,8 +163,17 @@ class ConnectWork:
     def ended_by_cancel(self, error: BaseException) -> bool:
         """Whether the statement's operation was interrupted (this session's only operation: the attempt's; a
         kill of the whole job is told apart by the transport, which then reports the kill)."""
-        text = str(error)
-        return "OPERATION_CANCELED" in text or "OPERATION_CANCELLED" in text
+        return is_cancel(error)
+
+
+CANCEL_CONDITIONS = ("SPARK_JOB_CANCELLED", "OPERATION_CANCELED", "OPERATION_CANCELLED")
+"""How Spark names a cancelled job (classic) or an interrupted operation (Connect) in the error it raises."""
+
+
+def is_cancel(error: BaseException) -> bool:
+    """Whether ``error`` is Spark reporting cancelled work (a kill's cancel, or early abort's own)."""
+    text = str(error)
+    return any(condition in text for condition in CANCEL_CONDITIONS)
 
 
 def spark_work(session: Any) -> ClassicWork | ConnectWork:
@@ -315,8 +321,8 @@ class EarlyAbort:
                      "Delta's own check",
                      spec.operation, "no source rows" if rows == 0 else
                      "only a MERGE with an unconditional WHEN MATCHED and WHEN NOT MATCHED clause, an append or an "
-                     "overwrite with rows, and an UPDATE or DELETE whose condition has no function call are known "
-                     "to commit before they run")
+                     "overwrite with rows, and an UPDATE or DELETE whose condition is only columns, literals, "
+                     "comparisons, IN, IS NULL, AND, OR and NOT are known to commit before they run")
             return None
         return cls(spec, watch, certainty)
 
@@ -330,7 +336,9 @@ class EarlyAbort:
         """
         try:
             watcher, work = self._watcher(session, newest)
-        except Exception as exc:   # an optimisation: the attempt runs unwatched, to Delta's own check
+        except Exception as exc:   # an optimisation: the attempt runs unwatched, to Delta's own check ...
+            if is_cancel(exc):     # ... unless the setup was cancelled (a kill): then the statement must not run
+                raise
             log.warning("Early abort is off for this attempt: %s: %s", type(exc).__name__, exc)
             watcher = work = None
         if watcher is None or work is None:
@@ -368,7 +376,12 @@ class EarlyAbort:
             log.info("Early abort does not judge this attempt: the table moved between every pair of reads")
             return None, None
         table_log = self.watch.open_log()
-        if self._committed_already(table_log, version):
+        snapshot = table_log.snapshot(version)
+        if not commits_show_at_once(snapshot):
+            log.info("Early abort does not watch this job: its table's commits are ratified elsewhere first "
+                     "(coordinated or catalog-managed commits), so the log may not show a commit it read yet")
+            return None, None
+        if self._committed_already(snapshot):
             return None, None
         if self.certainty is CommitCertainty.IF_A_ROW_MATCHES and not self._a_row_matches(session, version):
             return None, None
@@ -379,23 +392,20 @@ class EarlyAbort:
                      "new transaction when its materialised source is lost (%s; set it to 1 on the server)",
                      MATERIALIZED_SOURCE_ATTEMPTS)
             return None, None
-        running = running_commit_of(self.spec, table_log.snapshot(version), commits=True)
+        running = running_commit_of(self.spec, snapshot, commits=True)
         return AttemptWatch(table_log, running, work, self.watch.interval, own=self._own), work
 
-    def _committed_already(self, table_log: DeltaLog, version: int) -> bool:
-        """Whether a commit of this task run is in the log between the job's plan and ``version``: an idempotent
-        re-run then commits nothing (Delta skips its write), so no commit can fail it. Unknown (no plan, or too
-        many commits to read) counts as committed: the attempt runs unwatched."""
-        planned = self.spec.planned_version
-        if planned is None or version - planned > PLAN_LOOKBACK_COMMITS:
-            log.info("Early abort does not watch this attempt: %s, so whether an earlier try of this task run "
-                     "committed (and this one then commits nothing) is not known",
-                     "the job has no planned version" if planned is None else
-                     f"more than {PLAN_LOOKBACK_COMMITS} commits landed since its plan")
-            return True
-        if any(self._own(c) for c in table_log.commits_after(planned, until=version)):
-            log.info("Early abort does not watch this attempt: an earlier try of this task run committed (this one "
-                     "commits nothing)")
+    def _committed_already(self, snapshot: Snapshot) -> bool:
+        """Whether an earlier try of this task run committed, so this one commits nothing (no commit can fail
+        it): an idempotent job whose transaction id is in the snapshot at least at ``TXN_VERSION`` (Delta then
+        skips its write, as the runner asks). Any try of the run, in this Airflow try or an earlier one: the id is
+        the run's. A job that is not idempotent writes again, so it commits."""
+        if not self.spec.idempotent:
+            return False
+        marker = snapshot.app_transactions.get(self.spec.run.app_id)
+        if marker is not None and marker.version >= TXN_VERSION:
+            log.info("Early abort does not watch this attempt: an earlier try of this task run committed at or "
+                     "before version %d (Delta skips this one's write, so it commits nothing)", snapshot.version)
             return True
         return False
 
@@ -404,12 +414,10 @@ class EarlyAbort:
         whose transaction reads ``version`` when the attempt is judged, is certain to commit."""
         began = time.monotonic()
         matches = bool(run_sql(session, matching_row_sql(self.spec, version)).collect())
-        log.info("Early abort %s this %s: %s at version %d (%.1f s to find out)",
-                 "watches" if matches else "does not watch", self.spec.operation,
-                 "a row meets its condition" if matches else
-                 "no row meets its condition, so it may commit no file, and such a commit is left to Delta's own "
-                 "check",
-                 version, time.monotonic() - began)
+        log.info("Early abort %s this %s: %s row meets its condition at version %d (%.1f s to find out)%s",
+                 "watches" if matches else "does not watch", self.spec.operation, "a" if matches else "no",
+                 version, time.monotonic() - began,
+                 "" if matches else "; it may commit no file, and such a commit is left to Delta's own check")
         return matches
 
     def _own(self, commit: Commit) -> bool:

@@ -18,8 +18,6 @@ from typing import IO, Any
 from airflow_delta_occ.engine.errors import StorageError
 from airflow_delta_occ.engine.storage import FileMeta
 
-_MISSING = frozenset({"java.io.FileNotFoundException"})
-
 
 class HadoopStorage:
     """``Storage`` through py4j: Hadoop ``FileSystem`` calls on the driver's JVM (classic sessions only)."""
@@ -33,8 +31,8 @@ class HadoopStorage:
         return hadoop_path.getFileSystem(self._conf), hadoop_path
 
     def list_dir(self, path: str) -> list[FileMeta]:
-        fs, hadoop_path = self._path(path)
-        with _java_errors("list", path):
+        with self._java_errors("list", path):
+            fs, hadoop_path = self._path(path)
             statuses = fs.listStatus(hadoop_path)
         entries = [FileMeta(str(s.getPath().toString()), str(s.getPath().getName()), int(s.getLen()),
                             int(s.getModificationTime())) for s in statuses if s.isFile()]
@@ -42,8 +40,8 @@ class HadoopStorage:
         return entries
 
     def read_bytes(self, path: str) -> bytes:
-        fs, hadoop_path = self._path(path)
-        with _java_errors("read", path):
+        with self._java_errors("read", path):
+            fs, hadoop_path = self._path(path)
             stream = fs.open(hadoop_path)
             try:
                 data = self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream)
@@ -55,8 +53,8 @@ class HadoopStorage:
         return io.BytesIO(self.read_bytes(path))
 
     def exists(self, path: str) -> bool:
-        fs, hadoop_path = self._path(path)
-        with _java_errors("check", path):
+        with self._java_errors("check", path):
+            fs, hadoop_path = self._path(path)
             return bool(fs.exists(hadoop_path))
 
     def put_if_absent(self, path: str, data: bytes) -> None:
@@ -66,18 +64,16 @@ class HadoopStorage:
         head, *rest = parts
         return "/".join([head.rstrip("/"), *(p.strip("/") for p in rest)])
 
-
-@contextlib.contextmanager
-def _java_errors(action: str, path: str) -> Iterator[None]:
-    """A missing file stays ``FileNotFoundError`` (the log reader's "not there yet"); any other Java error is a
-    ``StorageError`` naming the path."""
-    try:
-        yield
-    except Exception as exc:
-        java = getattr(exc, "java_exception", None)   # py4j's Py4JJavaError
-        if java is None:
-            raise
-        name = str(java.getClass().getName())
-        if name in _MISSING:
-            raise FileNotFoundError(path) from exc
-        raise StorageError(f"cannot {action} {path}: {name}: {java.getMessage()}") from exc
+    @contextlib.contextmanager
+    def _java_errors(self, action: str, path: str) -> Iterator[None]:
+        """A missing file (``FileNotFoundException`` or a subclass) stays ``FileNotFoundError``, the log reader's
+        "not there yet"; any other Java error is a ``StorageError`` naming the path, never "not there"."""
+        try:
+            yield
+        except Exception as exc:
+            java = getattr(exc, "java_exception", None)   # py4j's Py4JJavaError
+            if java is None:
+                raise
+            if self._jvm.java.lang.Class.forName("java.io.FileNotFoundException").isInstance(java):
+                raise FileNotFoundError(path) from exc
+            raise StorageError(f"cannot {action} {path}: {java.getClass().getName()}: {java.getMessage()}") from exc

@@ -34,12 +34,13 @@ from airflow_delta_occ.exceptions import (
     ConflictFailure,
     ConflictSkipped,
     JobSpecError,
+    ProviderConfigError,
     SourceNotFoundError,
     SourceOutsidePartitionsError,
     StatementRefusedError,
 )
 from airflow_delta_occ.jobs.result import REFUSED_TYPES, JobResult, JobStatus, OpenLineageParent
-from airflow_delta_occ.jobs.spec import JobSpec
+from airflow_delta_occ.jobs.spec import TXN_VERSION, JobSpec
 from airflow_delta_occ.jobs.sql import source_check_sql, source_values_sql, statement_sql, table_name_sql, target_sql
 from airflow_delta_occ.retry.classify import ConflictKind, classify_conflict
 from airflow_delta_occ.retry.policy import RetryOutcome, policies_for, run_with_policies
@@ -59,8 +60,6 @@ BAD_SPEC_EXIT_CODE = 64
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
-# Each task run writes at most once per app id; version 0 is enough because the id is per run.
-TXN_VERSION = 0
 
 
 def _check_target(session: Any, spec: JobSpec) -> int:
@@ -509,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--spec-json")
     group.add_argument("--describe-table", help="print where a catalog table of this cluster lives (table_name=)")
     parser.add_argument("--local", action="store_true", help="start a local Delta session (tests, laptops)")
-    parser.add_argument("--early-abort-interval", type=float, metavar="SECONDS",
+    parser.add_argument("--early-abort-interval", type=_watch_interval, metavar="SECONDS",
                         help="watch the table's log every SECONDS while the job runs, and stop it early when a "
                              "commit dooms it (spark.early_abort)")
     args = parser.parse_args(argv)
@@ -536,6 +535,16 @@ def main(argv: list[str] | None = None) -> int:
     result = run_job(spark, spec, watch=watch)
     print(RESULT_PREFIX + result.to_json(), flush=True)
     return EXIT_CODES[result.status]
+
+
+def _watch_interval(text: str) -> float:
+    """``--early-abort-interval``: checked as ``[delta_occ] early_abort_interval`` is (NaN and inf refused)."""
+    from airflow_delta_occ.config import check_early_abort_interval
+
+    try:
+        return check_early_abort_interval(float(text), "--early-abort-interval")
+    except (ValueError, ProviderConfigError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _driver_table_watch(spark: Any, spec: JobSpec, interval: float) -> TableWatch | None:

@@ -9,6 +9,7 @@ import json
 import threading
 import time
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -27,7 +28,7 @@ from airflow_delta_occ.operators.delta import DeltaMergeOperator
 from airflow_delta_occ.retry.policy import RetryOutcome, policies_for, run_with_policies
 from airflow_delta_occ.spark.early_abort import AttemptWatch, EarlyAbort, TableWatch, pin_version
 
-from .engine.logbuilder import LogBuilder, add, commit_info, metadata, protocol
+from .engine.logbuilder import LogBuilder, add, commit_info, metadata, protocol, txn
 
 pytestmark = pytest.mark.unit
 
@@ -291,9 +292,9 @@ def _watch_logs(caplog):
     caplog.set_level("INFO", logger="airflow_delta_occ.spark.early_abort")
 
 
-def _early(b, work, *, planned=1):
+def _early(b, work, *, idempotent=True):
     spec = replace(_merge(MergeClause(ClauseKind.MATCHED_UPDATE_ALL), MergeClause(ClauseKind.NOT_MATCHED_INSERT_ALL)),
-                   planned_version=planned)
+                   idempotent=idempotent)
     watch = TableWatch(open_log=lambda: DeltaLog.for_table(b.root), interval=0.02)
     return EarlyAbort(spec, watch, work_for=lambda _session: work), spec
 
@@ -348,19 +349,74 @@ def test_a_statement_that_committed_before_the_cancel_reached_it_succeeded(tmp_p
     assert "yet its statement committed" in caplog.text
 
 
-def test_an_attempt_whose_earlier_try_committed_or_without_a_plan_runs_unwatched(tmp_path, caplog):
+def test_an_attempt_whose_earlier_try_committed_runs_unwatched(tmp_path, caplog):
+    """An idempotent job whose app id the table holds (an earlier try, in this Airflow try or another) commits
+    nothing: Delta skips its write. Not watched, so a foreign commit cannot cancel a no-op."""
     b = _table(tmp_path)
     work = _Attempt()
     early, spec = _early(b, work)
-    b.commit(commit_info("MERGE", userMetadata=spec.run.user_metadata()), add("de-1.parquet", DE))
+    b.commit(commit_info("MERGE", userMetadata=spec.run.user_metadata()), txn(spec.run.app_id, 0),
+             add("de-1.parquet", DE))
     with early.attempt(None, _newest(b)):
         b.commit(commit_info("MERGE"), add("de-2.parquet", DE))
         time.sleep(0.1)
     assert work.tags == 0 and work.cancels == 0 and "an earlier try of this task run committed" in caplog.text
-    unplanned, _ = _early(b, work, planned=None)
-    with unplanned.attempt(None, _newest(b)):
+    # Not idempotent: a re-run writes again, so it commits and is watched.
+    again, _ = _early(b, work, idempotent=False)
+    with pytest.raises(JobStoppedEarly):
+        with again.attempt(None, _newest(b)):
+            _judging(caplog)
+            b.commit(commit_info("MERGE"), add("de-3.parquet", DE))
+            _until(lambda: work.cancels > 0)
+            raise RuntimeError("cancelled")
+
+
+def test_an_update_is_watched_only_when_a_row_meets_its_condition_at_the_pinned_version(tmp_path, caplog):
+    b = _table(tmp_path)
+    update = JobSpec(operation=JobOperation.UPDATE, target=TableRef(path=str(b.root)), run=RUN,
+                     condition=parse_predicate("country = 'DE' AND id > 3"), set={"id": Literal(1)})
+    asked: list[str] = []
+    answer: list[int] = []   # the LIMIT 1 query's rows
+
+    class Session:
+        def sql(self, text: str) -> Any:
+            asked.append(text)
+            return type("Frame", (), {"collect": lambda _self: list(answer)})()
+
+    work = _Attempt()
+    watch = TableWatch(open_log=lambda: DeltaLog.for_table(b.root), interval=0.02)
+    early = EarlyAbort(update, watch, CommitCertainty.IF_A_ROW_MATCHES, work_for=lambda _session: work)
+    with early.attempt(Session(), _newest(b)):
         pass
-    assert work.tags == 0 and "the job has no planned version" in caplog.text
+    assert work.tags == 0 and asked == [matching_row_sql(update, 1)] and "no row meets its condition" in caplog.text
+    answer.append(1)
+    with pytest.raises(JobStoppedEarly):
+        with early.attempt(Session(), _newest(b)):
+            _judging(caplog)
+            b.commit(commit_info("MERGE"), add("de-1.parquet", DE))
+            _until(lambda: work.cancels > 0)
+            raise RuntimeError("cancelled")
+    assert work.tags == 1 and asked[-1] == matching_row_sql(update, 1)
+
+
+def test_a_cancel_while_the_watch_is_set_up_stops_the_attempt(tmp_path):
+    """A kill that cancels the LIMIT 1 query must not let the statement start with early abort off."""
+    b = _table(tmp_path)
+    update = JobSpec(operation=JobOperation.UPDATE, target=TableRef(path=str(b.root)), run=RUN,
+                     condition=parse_predicate("country = 'DE'"), set={"id": Literal(1)})
+
+    class Killed:
+        def sql(self, text: str) -> Any:
+            raise RuntimeError("[SPARK_JOB_CANCELLED] Job 3 cancelled part of cancelled job tag delta-occ-1")
+
+    work = _Attempt()
+    watch = TableWatch(open_log=lambda: DeltaLog.for_table(b.root), interval=0.02)
+    early = EarlyAbort(update, watch, CommitCertainty.IF_A_ROW_MATCHES, work_for=lambda _session: work)
+    ran = []
+    with pytest.raises(RuntimeError, match="SPARK_JOB_CANCELLED"):
+        with early.attempt(Killed(), _newest(b)):
+            ran.append(True)
+    assert ran == [] and work.tags == 0
 
 
 def test_a_kill_ends_the_watch_with_the_attempt(tmp_path):

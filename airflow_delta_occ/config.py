@@ -118,6 +118,7 @@ def worker_wait() -> float:
 
 
 DEFAULT_EARLY_ABORT_INTERVAL = 1.0
+MIN_EARLY_ABORT_INTERVAL = 0.1   # below it the watch would poll the object store in a busy loop
 MAX_EARLY_ABORT_INTERVAL = 60.0
 
 
@@ -137,25 +138,27 @@ def early_abort_interval() -> float:
     (default 1; one read of the next commit file each).
 
     Raises:
-        ProviderConfigError: not a number of seconds above 0 and at most 60.
+        ProviderConfigError: not a number of seconds from 0.1 to 60.
     """
     text = _get("early_abort_interval", str(DEFAULT_EARLY_ABORT_INTERVAL)).strip()
     try:
         return check_early_abort_interval(float(text), f"[{SECTION}] early_abort_interval")
     except ValueError as exc:
-        raise ProviderConfigError(f"[{SECTION}] early_abort_interval is {text!r}; expected seconds above 0 and at "
-                                  f"most {MAX_EARLY_ABORT_INTERVAL:.0f}") from exc
+        raise ProviderConfigError(f"[{SECTION}] early_abort_interval is {text!r}; expected seconds from "
+                                  f"{MIN_EARLY_ABORT_INTERVAL:g} to {MAX_EARLY_ABORT_INTERVAL:g}") from exc
 
 
 def check_early_abort_interval(value: object, what: str) -> float:
     """``value`` as the seconds between two looks at the log.
 
     Raises:
-        ProviderConfigError: not a number above 0 and at most ``MAX_EARLY_ABORT_INTERVAL`` (naming ``what``).
+        ProviderConfigError: not a number from ``MIN_EARLY_ABORT_INTERVAL`` to ``MAX_EARLY_ABORT_INTERVAL``
+            (naming ``what``; NaN and infinity included).
     """
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_EARLY_ABORT_INTERVAL:
-        raise ProviderConfigError(f"{what} must be seconds above 0 and at most {MAX_EARLY_ABORT_INTERVAL:.0f}, "
-                                  f"got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float) \
+            or not MIN_EARLY_ABORT_INTERVAL <= value <= MAX_EARLY_ABORT_INTERVAL:
+        raise ProviderConfigError(f"{what} must be seconds from {MIN_EARLY_ABORT_INTERVAL:g} to "
+                                  f"{MAX_EARLY_ABORT_INTERVAL:g}, got {value!r}")
     return float(value)
 
 

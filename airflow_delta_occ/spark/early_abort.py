@@ -171,9 +171,11 @@ CANCEL_CONDITIONS = ("SPARK_JOB_CANCELLED", "OPERATION_CANCELED", "OPERATION_CAN
 
 
 def is_cancel(error: BaseException) -> bool:
-    """Whether ``error`` is Spark reporting cancelled work (a kill's cancel, or early abort's own)."""
+    """Whether ``error`` is Spark reporting cancelled work (a kill's cancel, or early abort's own): its error
+    condition, as Spark writes it at the head of a message (``[SPARK_JOB_CANCELLED] Job 3 cancelled ...``), so a
+    condition's name quoted in the statement's own text (a string literal Spark echoes back) does not count."""
     text = str(error)
-    return any(condition in text for condition in CANCEL_CONDITIONS)
+    return any(f"[{condition}]" in text for condition in CANCEL_CONDITIONS)
 
 
 def spark_work(session: Any) -> ClassicWork | ConnectWork:
@@ -312,7 +314,9 @@ class EarlyAbort:
         commits."""
         try:
             rows = int(source.count()) if source is not None and counts_source_rows(spec) else None
-        except Exception as exc:   # an optimisation: the job runs unwatched
+        except Exception as exc:   # an optimisation: the job runs unwatched ...
+            if is_cancel(exc):     # ... unless the count was cancelled (a kill): then the job must not run
+                raise
             log.warning("Early abort is off for this job: its source could not be counted: %s", exc)
             return None
         certainty = commit_certainty(spec, rows)

@@ -148,11 +148,23 @@ def _plain_values(values: dict[str, Any]) -> str:
     return "{" + ", ".join(f"{k}={v!s}" for k, v in values.items()) + "}"
 
 
+def _identify_writes(session: Any, spec: JobSpec) -> None:
+    """Name the job's commits: its run in ``userMetadata`` and, for an idempotent DML statement, the run's
+    transaction id (a DataFrame write passes it as writer options). Set before every attempt, not once per job:
+    with ``spark.databricks.delta.write.txnVersion.autoReset.enabled`` delta-spark clears ``txnVersion`` once a
+    commit was tried, and the retry must still carry it."""
+    session.conf.set(USER_METADATA_CONF, spec.run.user_metadata())
+    if spec.idempotent and spec.operation in ("merge", "update", "delete"):
+        session.conf.set(TXN_APP_ID_CONF, spec.run.app_id)
+        session.conf.set(TXN_VERSION_CONF, str(TXN_VERSION))
+
+
 def _execute_once(session: Any, spec: JobSpec, source: Any, source_view: str | None,
                   early: EarlyAbort | None = None) -> None:
     """One attempt; Spark refusing the statement (not a conflict) is ``StatementRefusedError``, or
     ``TableNotFoundError`` when the refusal is that the target is gone (checked only then). Watched for early
     abort when ``early`` is given (``JobStoppedEarly``: a commit that landed meanwhile dooms the attempt)."""
+    _identify_writes(session, spec)   # again for each attempt: delta-spark may reset txnVersion after a commit try
     try:
         with early.attempt(session, lambda: _check_target(session, spec)) if early is not None \
                 else contextlib.nullcontext():
@@ -353,10 +365,6 @@ def _run(spark: Any, spec: JobSpec, outcome: RetryOutcome, progress: JobProgress
 
 def _run_pinned(session: Any, spec: JobSpec, outcome: RetryOutcome, progress: JobProgress, sleep: Any,
                 watch: TableWatch | None = None) -> Commit | None:
-    session.conf.set(USER_METADATA_CONF, spec.run.user_metadata())
-    if spec.idempotent and spec.operation in ("merge", "update", "delete"):
-        session.conf.set(TXN_APP_ID_CONF, spec.run.app_id)
-        session.conf.set(TXN_VERSION_CONF, str(TXN_VERSION))
     # The worker's plan, when there is one, says which commits of this run are this try's, the same
     # for every operation (a driver re-run by its cluster manager reports its first run's commit).
     before = spec.planned_version

@@ -232,7 +232,7 @@ def test_options_and_arguments(monkeypatch):
     kwargs = {"task_id": "m", "table": "/t", "source": "/s", "merge_condition": "t.id = s.id"}
     with pytest.raises(JobSpecError, match="early_abort must be"):
         DeltaMergeOperator(**kwargs, early_abort="yes")
-    for bad in (0, -1.0, 120, True, "1"):
+    for bad in (0, 0.05, -1.0, 120, float("nan"), float("inf"), True, "1"):
         with pytest.raises(ProviderConfigError, match="early_abort_interval must be"):
             DeltaMergeOperator(**kwargs, early_abort_interval=bad)
     op = DeltaMergeOperator(**kwargs, early_abort=True, early_abort_interval=0.5)

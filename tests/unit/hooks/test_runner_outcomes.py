@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -88,6 +89,8 @@ class _Refusing:
 
     def __init__(self, history: BaseException | list[dict[str, Any]]) -> None:
         self.history, self.statements = history, []
+        self.settings: dict[str, str] = {}
+        self.conf = SimpleNamespace(set=self.settings.__setitem__)   # the attempt names its commits here
 
     def sql(self, text: str) -> Any:
         from pyspark.errors import AnalysisException

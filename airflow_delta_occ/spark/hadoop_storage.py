@@ -25,6 +25,8 @@ class HadoopStorage:
     def __init__(self, session: Any) -> None:
         self._jvm = session.sparkContext._jvm
         self._conf = session._jsparkSession.sessionState().newHadoopConf()
+        # Looked up once: the watch's usual poll finds no next commit, so this check runs at every interval.
+        self._missing = self._jvm.java.lang.Class.forName("java.io.FileNotFoundException")
 
     def _path(self, path: str) -> tuple[Any, Any]:
         hadoop_path = self._jvm.org.apache.hadoop.fs.Path(path)
@@ -74,6 +76,6 @@ class HadoopStorage:
             java = getattr(exc, "java_exception", None)   # py4j's Py4JJavaError
             if java is None:
                 raise
-            if self._jvm.java.lang.Class.forName("java.io.FileNotFoundException").isInstance(java):
+            if self._missing.isInstance(java):
                 raise FileNotFoundError(path) from exc
             raise StorageError(f"cannot {action} {path}: {java.getClass().getName()}: {java.getMessage()}") from exc

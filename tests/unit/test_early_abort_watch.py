@@ -118,7 +118,7 @@ def _watch(b, version=1):
     return AttemptWatch(log, running, work, interval=0.02, own=own), work
 
 
-def _until(condition, seconds=5.0):
+def _until(condition, seconds=20.0):   # generous: a loaded machine delays the watch thread
     deadline = time.monotonic() + seconds
     while not condition():
         assert time.monotonic() < deadline, "timed out"
@@ -308,15 +308,20 @@ def _judging(caplog):
     _until(lambda: "Early abort judges this attempt" in caplog.text)
 
 
+def _doomed(b, caplog, work, file):
+    """Inside an attempt: once judged, a commit in the job's partition lands and the watch cancels the work."""
+    _judging(caplog)
+    b.commit(commit_info("MERGE"), add(file, DE))
+    _until(lambda: work.cancels > 0)
+
+
 def test_a_doomed_attempt_is_cancelled_and_raised_as_its_conflict(tmp_path, caplog):
     b = _table(tmp_path)
     work = _Attempt()
     early, _ = _early(b, work)
     with pytest.raises(JobStoppedEarly) as stopped:
         with early.attempt(None, _newest(b)):
-            _judging(caplog)
-            b.commit(commit_info("MERGE"), add("de-1.parquet", DE))
-            _until(lambda: work.cancels > 0)
+            _doomed(b, caplog, work, "de-1.parquet")
             raise RuntimeError("cancelled")
     assert stopped.value.kind is ConflictKind.APPEND and stopped.value.version == 2 and work.tags == 1
     assert early.reports[0].found is not None and early.reports[0].cancelled_after is not None
@@ -329,9 +334,7 @@ def test_an_error_that_is_not_the_cancel_stays_itself(tmp_path, caplog):
     early, _ = _early(b, work)
     with pytest.raises(ValueError, match="a row matched twice"):
         with early.attempt(None, _newest(b)):
-            _judging(caplog)
-            b.commit(commit_info("MERGE"), add("de-1.parquet", DE))
-            _until(lambda: work.cancels > 0)
+            _doomed(b, caplog, work, "de-1.parquet")
             raise ValueError("a row matched twice")
 
 
@@ -341,9 +344,7 @@ def test_a_statement_that_committed_before_the_cancel_reached_it_succeeded(tmp_p
     work = _Attempt()
     early, spec = _early(b, work)
     with early.attempt(None, _newest(b)):
-        _judging(caplog)
-        b.commit(commit_info("MERGE"), add("de-1.parquet", DE))
-        _until(lambda: work.cancels > 0)
+        _doomed(b, caplog, work, "de-1.parquet")
         b.commit(commit_info("MERGE", userMetadata=spec.run.user_metadata()), add("de-2.parquet", DE))
         raise RuntimeError("cancelled")
     assert "yet its statement committed" in caplog.text
@@ -365,9 +366,7 @@ def test_an_attempt_whose_earlier_try_committed_runs_unwatched(tmp_path, caplog)
     again, _ = _early(b, work, idempotent=False)
     with pytest.raises(JobStoppedEarly):
         with again.attempt(None, _newest(b)):
-            _judging(caplog)
-            b.commit(commit_info("MERGE"), add("de-3.parquet", DE))
-            _until(lambda: work.cancels > 0)
+            _doomed(b, caplog, work, "de-3.parquet")
             raise RuntimeError("cancelled")
 
 
@@ -392,9 +391,7 @@ def test_an_update_is_watched_only_when_a_row_meets_its_condition_at_the_pinned_
     answer.append(1)
     with pytest.raises(JobStoppedEarly):
         with early.attempt(Session(), _newest(b)):
-            _judging(caplog)
-            b.commit(commit_info("MERGE"), add("de-1.parquet", DE))
-            _until(lambda: work.cancels > 0)
+            _doomed(b, caplog, work, "de-1.parquet")
             raise RuntimeError("cancelled")
     assert work.tags == 1 and asked[-1] == matching_row_sql(update, 1)
 

@@ -427,3 +427,30 @@ def test_a_kill_ends_the_watch_with_the_attempt(tmp_path):
     b.commit(commit_info("MERGE"), add("de-1.parquet", DE))
     time.sleep(0.1)
     assert work.cancels == 0   # the watch thread is gone
+
+
+def test_the_row_query_quotes_hostile_names_and_never_reaches_spark_with_substitution_text(tmp_path):
+    """The LIMIT 1 query passes through Spark's text handling like the statement: a backtick in the table path
+    stays inside its quoted name, quotes in a condition stay one literal (Spark joins adjacent string literals, and
+    so does the parser the text is rendered from), and a ``${`` (which Spark's variable
+    substitution would rewrite before parsing) is refused before the session sees the text."""
+    from airflow_delta_occ.exceptions import StatementTextError
+    from airflow_delta_occ.spark.statements import run_sql
+
+    hostile = JobSpec(operation=JobOperation.DELETE, target=TableRef(path="/t` WHERE 1=1; --"), run=RUN,
+                      condition=parse_predicate("country = 'DE'' OR ''1''=''1' AND id = 1"))
+    text = matching_row_sql(hostile, 3)
+    assert text.startswith("SELECT 1 FROM delta.`/t`` WHERE 1=1; --` VERSION AS OF 3 WHERE ")
+    assert text.endswith("WHERE `country` = 'DE OR 1=1' AND `id` = 1 LIMIT 1"), text
+    with pytest.raises(StatementTextError):   # the spec refuses it first ...
+        replace(hostile, condition=Comparison("=", Column("country"), Literal("${spark.app.name}")))
+    seen: list[str] = []
+
+    class Session:
+        def sql(self, text: str) -> Any:
+            seen.append(text)
+            raise AssertionError("the text reached Spark")
+
+    with pytest.raises(StatementTextError):   # ... and the last check before Spark again
+        run_sql(Session(), text.replace("'DE OR 1=1'", "'${spark.app.name}'"))
+    assert seen == []

@@ -28,10 +28,16 @@ from typing import Any
 import pytest
 
 from airflow_delta_occ.engine import DeltaLog
-from airflow_delta_occ.exceptions import SourceNotFoundError, SourceOutsidePartitionsError, StatementRefusedError
+from airflow_delta_occ.exceptions import (
+    ConflictFailure,
+    SourceNotFoundError,
+    SourceOutsidePartitionsError,
+    StatementRefusedError,
+)
 from airflow_delta_occ.hooks.delta import DeltaSparkHook
 from airflow_delta_occ.jobs.result import JobResult
 from airflow_delta_occ.jobs.spec import JobSpec
+from airflow_delta_occ.retry.classify import ConflictKind
 from airflow_delta_occ.spark.runner import RESULT_PREFIX
 from airflow_delta_occ.spark.session import CONNECT_MODE_FLAG
 
@@ -130,7 +136,10 @@ def test_the_same_failure_raises_the_same_error_in_every_mode(spark: Any, tmp_pa
                           "unknown column": _outcome(lambda: runner(spark, unknown))}  # noqa: B023
         fr = source(spark, home, "fr", [(3, 33, "2024-01-01", "FR")])
         race, _ = race_merges(spark, sales, src, fr, None, None, {"ConcurrentAppendException": "fail"}, run_a=runner)
-        assert race.a_error is not None and race.b_error is None
+        # Without partition predicates both MERGEs read the whole table for Delta: the real conflict,
+        # classified in every mode (test_remote_injection_avoids_the_conflict relies on this race).
+        assert isinstance(race.a_error, ConflictFailure) and race.a_error.kind is ConflictKind.APPEND, race.a_error
+        assert race.b_error is None
         outcomes[mode]["fail-policy conflict"] = (type(race.a_error).__name__, str(race.a_error))
         assert DeltaLog.for_table(sales).latest_version() == before + 1  # only B committed
     assert outcomes["embedded"] == outcomes["spark-submit"] == outcomes["connect"], json.dumps(outcomes, indent=1)
@@ -143,9 +152,11 @@ def test_the_same_failure_raises_the_same_error_in_every_mode(spark: Any, tmp_pa
     assert CONNECT_MODE_FLAG not in os.environ
 
 
-def test_remote_conflict_is_classified_and_injection_avoids_it(spark: Any, sales: str, tmp_path: Path,
-                                                               remote_runner: Any) -> None:
-    check_disjoint_merges(spark, sales, tmp_path, remote_runner)
+def test_remote_injection_avoids_the_conflict(spark: Any, sales: str, tmp_path: Path, remote_runner: Any) -> None:
+    """Two MERGEs into different partitions, with the injected predicates, both commit at their first attempt.
+    The same race without them (the real conflict, classified) is run in both remote modes by
+    test_the_same_failure_raises_the_same_error_in_every_mode."""
+    check_disjoint_merges(spark, sales, tmp_path, remote_runner, conflict_first=False)
     # The worker is left as found: embedded and spark-submit jobs can follow in this process.
     assert CONNECT_MODE_FLAG not in os.environ
 

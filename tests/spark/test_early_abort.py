@@ -33,7 +33,7 @@ from airflow_delta_occ.operators.delta import DeltaBaseOperator, DeltaMergeOpera
 
 from .jobs import context, delta_conn
 
-ROWS = 6_000_000
+ROWS = 4_000_000
 FILES = 4
 INTERVAL = 0.5
 WATCH_LOGGER = "airflow_delta_occ.spark.early_abort"

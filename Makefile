@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-unit test-spark test-airflow test-postgres test-s3 lint typecheck docs bench bench-headline bench-overhead bench-early-abort bench-scale demo clean
+.PHONY: setup test test-unit test-spark test-airflow test-postgres test-s3 lint typecheck docs bench bench-headline bench-overhead bench-early-abort prove-early-abort bench-scale demo clean
 
 setup: $(STAMP)
 
@@ -66,6 +66,11 @@ bench-overhead: setup
 ## A long MERGE doomed by a foreign commit, with and without early abort (about 10 minutes).
 bench-early-abort: setup
 	$(PY) benchmarks/early_abort.py $(EARLY_ABORT_ARGS)
+
+## Every differential interleaving replayed with a long provider job and a foreign commit landing in it: stopped
+## early exactly where delta-spark fails it, never where it commits; a table per pair in docs/benchmarks.md (~25 min).
+prove-early-abort: setup
+	$(PY) benchmarks/early_abort_pairs.py $(PAIRS_ARGS)
 
 ## Thousand-task backfills and faults on a Celery deployment (2 schedulers, 2 triggerers, 2 workers); long.
 ## Needs redis-server and PostgreSQL's server binaries (see .ci/run). SCALE_ARGS="--days 200 --writers 100" for less.

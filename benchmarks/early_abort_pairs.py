@@ -331,7 +331,7 @@ def render(args: argparse.Namespace, outcomes: list[Outcome], seconds: float) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=3_000_000, help="filler rows per base commit")
+    parser.add_argument("--rows", type=int, default=4_000_000, help="filler rows per base commit")
     parser.add_argument("--only", default="", help="replay only scenarios whose id starts with this")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()

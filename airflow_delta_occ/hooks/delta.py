@@ -35,7 +35,7 @@ from airflow_delta_occ.config import MODES, default_mode
 from airflow_delta_occ.exceptions import DeltaJobError, JobKilledError, ProviderConfigError
 from airflow_delta_occ.hooks.transports.base import JobTransport, RunningJob, transport_factory
 from airflow_delta_occ.jobs.result import JobResult
-from airflow_delta_occ.jobs.spec import JobSpec
+from airflow_delta_occ.jobs.spec import JobSpec, commit_identity_confs
 from airflow_delta_occ.spark.storage import SparkStorageSettings, with_redaction
 
 if TYPE_CHECKING:
@@ -72,6 +72,9 @@ class DeltaSparkHook(BaseHook):
         if factory is None:
             raise DeltaJobError(f"unknown mode {self.mode!r} in connection {delta_conn_id!r}; use one of {MODES}")
         self.spark_conf = {**extras.get("spark_conf", {}), **(spark_conf or {})}
+        if owned := commit_identity_confs(self.spark_conf):
+            raise ProviderConfigError(f"connection {delta_conn_id!r}: spark_conf sets {', '.join(owned)}: the provider "
+                                      "names each commit after the task run itself; remove it")
         # Object storage: the credentials the engine reads the table with are the job's too.
         self.storage_conn_id: str | None = storage_conn_id or extras.get("storage_conn_id") or None
         self._storage: SparkStorageSettings | None = None

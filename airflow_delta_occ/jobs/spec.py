@@ -104,6 +104,22 @@ writes at most once per app id, so version 0 is enough, and Delta skips a write 
 holds at this version or later."""
 
 
+USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
+TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
+COMMIT_IDENTITY_CONFS = (USER_METADATA_CONF, TXN_APP_ID_CONF, TXN_VERSION_CONF)
+"""Spark settings that name a job's commits, which the runner sets for each attempt from the task run.
+
+A ``spark_conf`` that sets one is refused: its ``userMetadata`` would be replaced without a word, and its
+``txnAppId``/``txnVersion`` would make Delta skip a write the provider believes it makes (early abort, the
+commit check and the retry of a re-run all read the run's own id)."""
+
+
+def commit_identity_confs(conf: Mapping[str, Any]) -> list[str]:
+    """The keys of ``conf`` that are the runner's commit identity (``COMMIT_IDENTITY_CONFS``), sorted."""
+    return sorted(key for key in conf if isinstance(key, str) and key.strip() in COMMIT_IDENTITY_CONFS)
+
+
 @dataclass(frozen=True)
 class RunIdentity:
     """The Airflow task run a commit belongs to; written into commitInfo.userMetadata and used as txnAppId.

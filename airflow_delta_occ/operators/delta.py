@@ -62,7 +62,7 @@ from airflow_delta_occ.jobs.checks import check_clauses, check_one_source, check
 from airflow_delta_occ.jobs.partitions import parse_expression, partitions_mapping
 from airflow_delta_occ.jobs.refusal import point_into_arguments
 from airflow_delta_occ.jobs.result import JobLease, JobResult
-from airflow_delta_occ.jobs.spec import JobSpec, RunIdentity, TableRef, check_source_format
+from airflow_delta_occ.jobs.spec import JobSpec, RunIdentity, TableRef, check_source_format, commit_identity_confs
 from airflow_delta_occ.jobs.text import refuse_substitution, strings_in
 from airflow_delta_occ.operators.lineage import DeltaJobLineage, lineage_of, operator_lineage, schema_columns
 from airflow_delta_occ.operators.links import SparkUILink
@@ -209,6 +209,9 @@ class DeltaBaseOperator(BaseOperator):
         if spark_conf is not None and (not isinstance(spark_conf, Mapping)
                                        or not all(isinstance(k, str) and k.strip() for k in spark_conf)):
             raise JobSpecError(f"spark_conf must be a mapping of Spark setting names to values, got {spark_conf!r:.80}")
+        if owned := commit_identity_confs(spark_conf or {}):
+            raise JobSpecError(f"spark_conf sets {', '.join(owned)}: the provider names each commit after the task run "
+                               "itself (userMetadata, and txnAppId/txnVersion with idempotent=True); remove it")
         for key, value in (spark_conf or {}).items():
             if isinstance(value, str) and (found := _SPARK_PLACEHOLDER.search(_RAW_BLOCK.sub("", value))):
                 raise JobSpecError(

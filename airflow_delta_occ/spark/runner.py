@@ -40,7 +40,7 @@ from airflow_delta_occ.exceptions import (
     StatementRefusedError,
 )
 from airflow_delta_occ.jobs.result import REFUSED_TYPES, JobResult, JobStatus, OpenLineageParent
-from airflow_delta_occ.jobs.spec import TXN_VERSION, JobSpec
+from airflow_delta_occ.jobs.spec import TXN_APP_ID_CONF, TXN_VERSION, TXN_VERSION_CONF, USER_METADATA_CONF, JobSpec
 from airflow_delta_occ.jobs.sql import source_check_sql, source_values_sql, statement_sql, table_name_sql, target_sql
 from airflow_delta_occ.retry.classify import ConflictKind, classify_conflict
 from airflow_delta_occ.retry.policy import RetryOutcome, policies_for, run_with_policies
@@ -57,9 +57,6 @@ TABLE_PREFIX = "DELTA_OCC_TABLE "
 EXIT_CODES = {JobStatus.SUCCESS: 0, JobStatus.ERROR: 1, JobStatus.CONFLICT: 75, JobStatus.SKIPPED: 76,
               JobStatus.REJECTED: 65}
 BAD_SPEC_EXIT_CODE = 64
-USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
-TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
-TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 
 
 def _check_target(session: Any, spec: JobSpec) -> int:

@@ -110,3 +110,13 @@ def test_the_lease_store_form_keeps_its_labels_placeholders_and_every_extra() ->
     fields = {k.removeprefix("extra__delta_occ_leases__") for k in manager.connection_form_widgets
               if k.startswith("extra__delta_occ_leases__")}
     assert fields == {"backend", "path", "url"}
+
+
+def test_a_connection_whose_spark_conf_names_the_commits_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The connection's ``spark_conf`` serves every job: a txnAppId there would make Delta skip the writes of every
+    run after the first; refused when the hook is built, before any job."""
+    conn = _conn(monkeypatch, "delta_named", conn_type="delta_occ",
+                 extra={"mode": "embedded", "spark_conf": {"spark.databricks.delta.write.txnAppId": "etl"}})
+    with pytest.raises(ProviderConfigError, match=r"'delta_named': spark_conf sets spark\.databricks\.delta\.write\."
+                                                  r"txnAppId: the provider names each commit"):
+        DeltaSparkHook(conn)

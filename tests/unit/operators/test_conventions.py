@@ -4,6 +4,7 @@ say why they are not, and the retries a Delta task gets are stated."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +137,14 @@ def test_a_raw_block_keeps_sparks_placeholder() -> None:
         merge = _merge(spark_conf={"spark.executor.extraJavaOptions": "{% raw %}-Dapp={{APP_ID}}{% endraw %}"})
     merge.render_template_fields({"params": {}})  # type: ignore[arg-type]
     assert merge.spark_conf == {"spark.executor.extraJavaOptions": "-Dapp={{APP_ID}}"}
+
+
+@pytest.mark.parametrize("key", ["spark.databricks.delta.write.txnAppId", "spark.databricks.delta.write.txnVersion",
+                                 "spark.databricks.delta.commitInfo.userMetadata"])
+def test_a_spark_conf_that_names_the_commits_is_refused_when_the_dag_is_parsed(key: str) -> None:
+    """The runner names each commit after the task run (userMetadata; txnAppId/txnVersion when idempotent). A task's
+    own txnAppId would make Delta skip a write the provider believes it makes (early abort would judge a commit
+    that never comes), and its own userMetadata would be replaced without a word."""
+    with pytest.raises(JobSpecError, match=rf"spark_conf sets {re.escape(key)}: the provider names each commit"):
+        _merge(spark_conf={key: "nightly", "spark.sql.shuffle.partitions": "4"})
+    _merge(spark_conf={"spark.databricks.delta.write.txnVersion.autoReset.enabled": "true"})  # not an identity

@@ -71,10 +71,15 @@ class DeltaSparkHook(BaseHook):
         factory = transport.bind if transport is not None else transport_factory(self.mode)
         if factory is None:
             raise DeltaJobError(f"unknown mode {self.mode!r} in connection {delta_conn_id!r}; use one of {MODES}")
-        self.spark_conf = {**extras.get("spark_conf", {}), **(spark_conf or {})}
-        if owned := commit_identity_confs(self.spark_conf):
-            raise ProviderConfigError(f"connection {delta_conn_id!r}: spark_conf sets {', '.join(owned)}: the provider "
-                                      "names each commit after the task run itself; remove it")
+        connection_conf = extras.get("spark_conf") or {}
+        if not isinstance(connection_conf, Mapping):
+            raise ProviderConfigError(f"connection {delta_conn_id!r}: spark_conf must be an object of Spark settings, "
+                                      f"got {type(connection_conf).__name__}")
+        for where, conf in ((f"connection {delta_conn_id!r}", connection_conf), ("the hook's", spark_conf or {})):
+            if owned := commit_identity_confs(conf):
+                raise ProviderConfigError(f"{where} spark_conf sets {', '.join(owned)}: the provider names each commit "
+                                          "after the task run itself; remove it")
+        self.spark_conf = {**connection_conf, **(spark_conf or {})}
         # Object storage: the credentials the engine reads the table with are the job's too.
         self.storage_conn_id: str | None = storage_conn_id or extras.get("storage_conn_id") or None
         self._storage: SparkStorageSettings | None = None

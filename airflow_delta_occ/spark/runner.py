@@ -149,11 +149,18 @@ def _identify_writes(session: Any, spec: JobSpec) -> None:
     """Name the job's commits: its run in ``userMetadata`` and, for an idempotent DML statement, the run's
     transaction id (a DataFrame write passes it as writer options). Set before every attempt, not once per job:
     with ``spark.databricks.delta.write.txnVersion.autoReset.enabled`` delta-spark clears ``txnVersion`` once a
-    commit was tried, and the retry must still carry it."""
+    commit was tried, and the retry must still carry it.
+
+    Otherwise both are unset: a ``txnAppId`` from the cluster's own defaults (``spark-defaults.conf``, a Connect
+    server's launch settings) would make Delta skip a write the provider counts on (the commit check, early
+    abort); a task's or a connection's ``spark_conf`` cannot set them (refused before the job)."""
     session.conf.set(USER_METADATA_CONF, spec.run.user_metadata())
     if spec.idempotent and spec.operation in ("merge", "update", "delete"):
         session.conf.set(TXN_APP_ID_CONF, spec.run.app_id)
         session.conf.set(TXN_VERSION_CONF, str(TXN_VERSION))
+    else:   # an append passes the run's id as writer options; nothing else may name the write
+        session.conf.unset(TXN_APP_ID_CONF)
+        session.conf.unset(TXN_VERSION_CONF)
 
 
 def _execute_once(session: Any, spec: JobSpec, source: Any, source_view: str | None,

@@ -117,6 +117,13 @@ def test_a_connection_whose_spark_conf_names_the_commits_is_refused(monkeypatch:
     run after the first; refused when the hook is built, before any job."""
     conn = _conn(monkeypatch, "delta_named", conn_type="delta_occ",
                  extra={"mode": "embedded", "spark_conf": {"spark.databricks.delta.write.txnAppId": "etl"}})
-    with pytest.raises(ProviderConfigError, match=r"'delta_named': spark_conf sets spark\.databricks\.delta\.write\."
-                                                  r"txnAppId: the provider names each commit"):
+    with pytest.raises(ProviderConfigError, match=r"connection 'delta_named' spark_conf sets spark\.databricks\.delta\."
+                                                  r"write\.txnAppId: the provider names each commit"):
         DeltaSparkHook(conn)
+    text = _conn(monkeypatch, "delta_text", conn_type="delta_occ",
+                 extra={"mode": "embedded", "spark_conf": "spark.databricks.delta.write.txnAppId=etl"})
+    with pytest.raises(ProviderConfigError, match=r"'delta_text': spark_conf must be an object of Spark settings, "
+                                                  r"got str"):
+        DeltaSparkHook(text)
+    assert DeltaSparkHook(_conn(monkeypatch, "delta_null", conn_type="delta_occ",
+                                extra={"mode": "embedded", "spark_conf": None})).spark_conf == {}

@@ -90,7 +90,8 @@ class _Refusing:
     def __init__(self, history: BaseException | list[dict[str, Any]]) -> None:
         self.history, self.statements = history, []
         self.settings: dict[str, str] = {}
-        self.conf = SimpleNamespace(set=self.settings.__setitem__)   # the attempt names its commits here
+        self.conf = SimpleNamespace(set=self.settings.__setitem__,   # the attempt names its commits here
+                                    unset=lambda key: self.settings.pop(key, None))
 
     def sql(self, text: str) -> Any:
         from pyspark.errors import AnalysisException
@@ -124,3 +125,26 @@ def test_a_refused_statement_is_table_not_found_only_when_the_check_says_so() ->
     # The check itself fails (an outage, not an answer): the refusal stands, never "table not found".
     with pytest.raises(StatementRefusedError, match="refused"):
         _execute_once(_Refusing(ConnectionError("S3 503")), _planned(), None, None)
+
+
+@pytest.mark.parametrize(("operation", "idempotent", "named"), [
+    ("delete", True, True), ("delete", False, False), ("append", True, False)])
+def test_only_the_runner_names_a_jobs_transaction(operation: str, idempotent: bool, named: bool) -> None:
+    """A ``txnAppId`` already on the job's session (a cluster's ``spark-defaults.conf``, a Connect server's launch
+    settings) would make Delta skip a write the provider counts on: each attempt sets the run's own id where the
+    job is an idempotent DML statement, and unsets any other (an append passes the run's id as writer options)."""
+    from airflow_delta_occ.jobs.spec import TXN_APP_ID_CONF, TXN_VERSION_CONF, USER_METADATA_CONF
+    from airflow_delta_occ.spark.runner import _identify_writes
+
+    extra: dict[str, Any] = {"operation": operation, "idempotent": idempotent}
+    if operation == "append":
+        extra["source"] = {"path": "/landing/t"}
+    spec = JobSpec.from_json(json.dumps(json.loads(SPEC.to_json()) | extra))
+    session = _Refusing([])
+    session.settings.update({TXN_APP_ID_CONF: "cluster-default-etl", TXN_VERSION_CONF: "7"})
+    _identify_writes(session, spec)
+    assert session.settings[USER_METADATA_CONF] == spec.run.user_metadata()
+    if named:
+        assert session.settings[TXN_APP_ID_CONF] == spec.run.app_id and session.settings[TXN_VERSION_CONF] == "0"
+    else:
+        assert TXN_APP_ID_CONF not in session.settings and TXN_VERSION_CONF not in session.settings

@@ -395,8 +395,9 @@ def render(args: argparse.Namespace, outcomes: list[Outcome], seconds: float) ->
         "",
         f"- Replayed: {len(replayed)}. Of the {len(failing)} that delta-spark fails on these tables, A was stopped "
         f"early in {len(stopped)}, with delta-spark's exception and B's version, nothing of it committed, and the "
-        f"retry's table equal to the held run's; in the others delta-spark's own check raised the same exception "
-        f"at A's commit (each is listed in the suite's `EARLY_ABORT_MISSES`).",
+        f"retry's table equal to the held run's"
+        + ("; in the others delta-spark's own check raised the same exception at A's commit (each is listed in the "
+           "suite's `EARLY_ABORT_MISSES`)." if len(stopped) < len(failing) else "."),
         f"- Of the {len(committing)} that delta-spark commits, A was stopped in "
         f"{sum(1 for o in committing if o.stopped)} and committed at its first attempt in "
         f"{sum(1 for o in committing if o.attempts == 1)}.",

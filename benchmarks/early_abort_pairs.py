@@ -253,10 +253,8 @@ def baseline(spark: Any, a_name: str, b: Any, b_part: int, partitioned: bool, ta
             out.problems.append(f"baseline: A never reached its commit: {done.get('a_error')!r}")
             return None
         b.run(spark.newSession(), table, b_part, partitioned)
-        gate.release()   # kept until A ends: its retry's commit passes the gate too
-        thread.join(600)
     finally:
-        gate.release()
+        gate.release()   # kept until A ends: its retry's commit passes the gate too
         thread.join(600)
         gate.clear()
     if "a_error" in done:

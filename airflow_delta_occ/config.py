@@ -124,13 +124,13 @@ MAX_EARLY_ABORT_INTERVAL = 60.0
 
 def early_abort() -> bool:
     """``[delta_occ] early_abort``: whether a Delta task watches its table while its job runs and stops the job
-    as soon as a commit that landed makes its own commit certain to fail (default False; a task's
+    as soon as a commit that landed makes its own commit certain to fail (default True; a task's
     ``early_abort=`` overrides it).
 
     Raises:
         ProviderConfigError: not a boolean.
     """
-    return _flag("early_abort")
+    return _flag("early_abort", default=True)
 
 
 def early_abort_interval() -> float:
@@ -188,13 +188,13 @@ _TRUE = ("true", "t", "yes", "y", "on", "1")
 _FALSE = ("false", "f", "no", "n", "off", "0", "")
 
 
-def _flag(option: str) -> bool:
-    """A boolean option, False by default; read like Airflow's ``conf.getboolean``.
+def _flag(option: str, default: bool = False) -> bool:
+    """A boolean option (``default`` when it is not set); read like Airflow's ``conf.getboolean``.
 
     Raises:
         ProviderConfigError: not one of true/false, yes/no, on/off, 1/0 (any case).
     """
-    text = _get(option, "False").strip().lower()
+    text = _get(option, str(default)).strip().lower()
     if text in _TRUE:
         return True
     if text in _FALSE:

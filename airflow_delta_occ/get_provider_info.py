@@ -131,12 +131,12 @@ def get_provider_info() -> dict[str, Any]:
                         "version_added": "0.2.0", "type": "float", "example": "60", "default": "30",
                     },
                     "early_abort": {
-                        "description": ("Whether a Delta task watches its table's log while its job runs (embedded "
-                                        "and Connect modes) and cancels the job's Spark work as soon as a commit "
+                        "description": ("Whether a Delta task watches its table's log while its job runs (every "
+                                        "mode) and cancels the job's Spark work as soon as a commit "
                                         "that landed makes its own commit certain to fail, so its retry starts at "
                                         "once instead of after all the doomed work. A task's early_abort= "
                                         "overrides it."),
-                        "version_added": "0.2.0", "type": "boolean", "example": "True", "default": "False",
+                        "version_added": "0.2.0", "type": "boolean", "example": "False", "default": "True",
                     },
                     "early_abort_interval": {
                         "description": ("Seconds between two looks at the table's log while a job runs with "

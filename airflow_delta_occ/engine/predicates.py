@@ -47,9 +47,9 @@ from .values import coerce_literal, is_comparable
 
 __all__ = [
     "And", "Column", "ColumnStats", "Comparison", "Expr", "FileStats", "In", "IsNull", "Literal", "Not", "Or",
-    "StatsRange", "Unknown", "and_", "bind", "evaluate_partition", "evaluate_row", "file_may_match", "has_unknown",
-    "is_deterministic", "is_partition_only", "or_", "parse_predicate", "references", "split_conjuncts",
-    "stats_range", "to_sql", "walk",
+    "StatsRange", "Unknown", "and_", "bind", "evaluate_partition", "evaluate_row", "every_row_matches",
+    "file_may_match", "has_unknown", "is_deterministic", "is_partition_only", "or_", "parse_predicate", "references",
+    "split_conjuncts", "stats_range", "to_sql", "walk",
 ]
 
 
@@ -809,7 +809,18 @@ def file_may_match(expr: Expr, partition_values: Mapping[str, Any], stats: FileS
     return _T in _possible(expr, partition_values, stats)
 
 
-def _possible(expr: Expr, pv: Mapping[str, Any], stats: FileStats | None) -> frozenset[bool | None]:
+def every_row_matches(expr: Expr, partition_values: Mapping[str, Any], stats: FileStats | None) -> bool:
+    """Whether every row of a file with these partition values and statistics surely meets ``expr`` (``True`` on
+    each one, never ``NULL``). Says nothing of whether the file has a row: the caller checks that.
+
+    The converse of ``file_may_match``, held to the same bounds: a comparison over statistics may be false
+    unless every value between the file's minimum and maximum satisfies it (``file_may_match`` assumes it may
+    always be false, which prunes exactly what Delta's data skipping prunes, so it stays as it is)."""
+    return _possible(expr, partition_values, stats, tight=True) == frozenset({_T})
+
+
+def _possible(expr: Expr, pv: Mapping[str, Any], stats: FileStats | None,
+              tight: bool = False) -> frozenset[bool | None]:
     if isinstance(expr, Literal):
         if expr.value is None or isinstance(expr.value, bool):
             return frozenset({expr.value})
@@ -820,11 +831,11 @@ def _possible(expr: Expr, pv: Mapping[str, Any], stats: FileStats | None) -> fro
             return frozenset({None if value is None else bool(value)})
         return _ALL
     if isinstance(expr, Comparison):
-        return _possible_comparison(expr, pv, stats)
+        return _possible_comparison(expr, pv, stats, tight)
     if isinstance(expr, In):  # the OR of its equalities, folded in a loop (a long list is no deep tree)
         possible: frozenset[bool | None] | None = None
         for option in expr.options:
-            equal = _possible(Comparison("=", expr.value, option), pv, stats)
+            equal = _possible(Comparison("=", expr.value, option), pv, stats, tight)
             possible = equal if possible is None else frozenset(_or(a, b) for a in possible for b in equal)
         if possible is None:
             possible = frozenset({False})
@@ -833,10 +844,10 @@ def _possible(expr: Expr, pv: Mapping[str, Any], stats: FileStats | None) -> fro
         return _possible_is_null(expr, pv, stats)
     if isinstance(expr, And | Or):
         combine = _and if isinstance(expr, And) else _or
-        left, right = _possible(expr.left, pv, stats), _possible(expr.right, pv, stats)
+        left, right = _possible(expr.left, pv, stats, tight), _possible(expr.right, pv, stats, tight)
         return frozenset(combine(a, b) for a in left for b in right)
     if isinstance(expr, Not):
-        return frozenset(None if v is None else not v for v in _possible(expr.child, pv, stats))
+        return frozenset(None if v is None else not v for v in _possible(expr.child, pv, stats, tight))
     return _ALL
 
 
@@ -896,7 +907,8 @@ _FLIP: dict[ComparisonOp, ComparisonOp] = {"=": "=", "!=": "!=", "<": ">", "<=":
                                            "<=>": "<=>"}
 
 
-def _possible_comparison(expr: Comparison, pv: Mapping[str, Any], stats: FileStats | None) -> frozenset[bool | None]:
+def _possible_comparison(expr: Comparison, pv: Mapping[str, Any], stats: FileStats | None,
+                         tight: bool = False) -> frozenset[bool | None]:
     left, right = _domain(expr.left, pv, stats), _domain(expr.right, pv, stats)
     if isinstance(left, tuple) and isinstance(right, tuple):
         return frozenset({_compare_values(expr.op, left[1], right[1])})
@@ -918,10 +930,16 @@ def _possible_comparison(expr: Comparison, pv: Mapping[str, Any], stats: FileSta
     if left.may_null:
         out.add(False if op == "<=>" else None)
     if left.may_value:
-        out.add(False)
+        if not tight or _range_may_satisfy(_NEGATED[op], left.low, left.high, literal):
+            out.add(False)
         if _range_may_satisfy(op, left.low, left.high, literal):
             out.add(True)
     return frozenset(out)
+
+
+# ``v op literal`` is false, for a non-null ``v`` and literal, exactly where ``v _NEGATED[op] literal`` holds.
+_NEGATED: dict[ComparisonOp, ComparisonOp] = {"=": "!=", "<=>": "!=", "!=": "=", "<": ">=", "<=": ">", ">": "<=",
+                                              ">=": "<"}
 
 
 def _range_may_satisfy(op: ComparisonOp, low: Any, high: Any, literal: Any) -> bool:

@@ -45,13 +45,14 @@ from .object_store import StorageCredentials
 from .predicates import (
     Expr,
     bind,
+    every_row_matches,
     file_may_match,
     has_unknown,
     parse_predicate,
     references,
 )
-from .schema import DataType, StructType
-from .stats import StatsLeaf, stats_leaves
+from .schema import DataType, StructField, StructType
+from .stats import StatsLeaf, parse_stats_of, stats_leaves
 from .storage import FileMeta, Storage, resolve_table
 from .values import parse_partition_value
 
@@ -513,6 +514,33 @@ class Snapshot:
             selected.extend(candidates)
         return selected
 
+    def holds_a_row_matching(self, predicate: str | Expr) -> bool:
+        """Whether a live row of this version surely meets ``predicate``, known from the log alone: a file whose
+        partition values and statistics make the predicate true on every row it holds, and that holds a row not
+        deleted by its deletion vector. ``False`` means "not known" (Spark must be asked), never "no row".
+
+        Early abort asks this before it stops an UPDATE or a DELETE, which commits a file only when a row meets
+        its condition: answered here, no Spark query is needed. Columns whose comparisons Spark makes otherwise
+        than by value are never judged: CHAR (padded), collated strings, and floating point (NaN and signed
+        zero are not in the statistics' order).
+        """
+        expr = self.bind(predicate)
+        if has_unknown(expr):
+            return False
+        leaves = self._stats_leaves
+        read = references(expr)
+        if not read <= leaves.keys() or any(not _compares_by_value(leaves[name][2]) for name in read):
+            return False
+        used = self._leaves_read_by([expr])
+        for add in self.files_matching(expr):
+            stats = parse_stats_of(add.stats, used)
+            if stats is None or stats.num_records is None:
+                continue
+            deleted = add.deletion_vector.cardinality if add.deletion_vector is not None else 0
+            if stats.num_records - deleted > 0 and every_row_matches(expr, self.partition_values(add), stats):
+                return True
+        return False
+
     def _leaves_read_by(self, exprs: list[Expr]) -> list[StatsLeaf]:
         """The statistics columns ``exprs`` read (columns without statistics, such as structs, have none)."""
         leaves = self._stats_leaves
@@ -544,6 +572,17 @@ class Snapshot:
             state.apply_commit(last)
         return state.finish(self.log, latest, last, listing)
 
+
+_FLOATING = frozenset({"float", "double"})
+_VALUE_SEMANTICS_KEYS = ("__CHAR_VARCHAR_TYPE_STRING", "__COLLATIONS")
+
+
+def _compares_by_value(f: StructField) -> bool:
+    """Whether Spark compares this column's values as the statistics order them (see ``holds_a_row_matching``)."""
+    if any(key in f.metadata for key in _VALUE_SEMANTICS_KEYS):
+        return False
+    name = f.type.simple_string()
+    return name not in _FLOATING and "collate" not in name.lower()
 
 
 @functools.lru_cache(maxsize=16384)

@@ -136,9 +136,9 @@ class CommitCertainty(Enum):
     UNKNOWN = "unknown"
 
 
-def commit_certainty(spec: JobSpec, source_rows: int | None) -> CommitCertainty:
+def commit_certainty(spec: JobSpec, source_has_rows: bool | None) -> CommitCertainty:
     """Whether the job is certain to commit a file action of its kind (``RunningCommit.commits``), from its spec
-    and the number of rows its source holds (``None``: not counted).
+    and whether its source holds a row (``None``: not asked).
 
     A statement that changed nothing commits no file (delta-spark skips its commit, or commits only the job's
     transaction id), and an empty write may change nothing, so only these are certain: an append or an
@@ -156,7 +156,7 @@ def commit_certainty(spec: JobSpec, source_rows: int | None) -> CommitCertainty:
     A compaction may find nothing to rewrite: ``UNKNOWN``. (A re-run of a task run whose earlier try committed
     writes nothing either: the watch checks the log for that, ``spark.early_abort``.)
     """
-    rows = source_rows is not None and source_rows > 0
+    rows = source_has_rows is True
     if spec.operation in (JobOperation.APPEND, JobOperation.OVERWRITE_PARTITIONS):
         return CommitCertainty.CERTAIN if rows else CommitCertainty.UNKNOWN
     if spec.operation is JobOperation.MERGE:
@@ -170,6 +170,6 @@ def commit_certainty(spec: JobSpec, source_rows: int | None) -> CommitCertainty:
     return CommitCertainty.UNKNOWN
 
 
-def counts_source_rows(spec: JobSpec) -> bool:
-    """Whether the job's commit certainty depends on its source's row count (worth one ``count()``)."""
-    return commit_certainty(spec, 1) is CommitCertainty.CERTAIN
+def asks_for_source_rows(spec: JobSpec) -> bool:
+    """Whether the job's commit certainty depends on its source holding a row (worth one ``LIMIT 1`` query)."""
+    return commit_certainty(spec, True) is CommitCertainty.CERTAIN

@@ -158,7 +158,7 @@ class DeltaBaseOperator(BaseOperator):
         as a commit that landed makes the job's own commit certain to fail, cancel its Spark work and retry
         it as that conflict at once, instead of after all the doomed work. Acts only where the verdict is as
         sure as Delta's own check, and only for a job certain to commit (see docs/early-abort.md). Default:
-        ``[delta_occ] early_abort`` (False).
+        ``[delta_occ] early_abort`` (True).
     :param early_abort_interval: seconds between two looks at the log (default ``[delta_occ]
         early_abort_interval``, 1 s): a doomed job is stopped within about two of them.
     """

@@ -99,18 +99,29 @@ def read_source(session: Any, spec: JobSpec) -> Any:
 SAMPLE_ROWS = 5
 
 
-def confine_source(session: Any, spec: JobSpec, source: Any, source_view: str) -> tuple[Any, int]:
+@dataclass(frozen=True)
+class ConfinedSource:
+    """The source a job writes from, once rows outside its partitions are refused or dropped."""
+
+    frame: Any
+    dropped: int = 0
+    has_rows: bool | None = None
+    """Whether any row is left, when the check counted them (``None``: not counted); early abort needs it."""
+
+
+def confine_source(session: Any, spec: JobSpec, source: Any, source_view: str) -> ConfinedSource:
     """Refuse (or drop) source rows that would be written outside the job's partitions.
 
     Runs on the materialised source before anything is written, so a refusal leaves the table as
-    it was. Returns the source to use and how many rows were dropped.
+    it was. Returns the source to use, how many rows were dropped and whether any is left (one query counts
+    both).
 
     Raises:
         SourceOutsidePartitionsError: with the number of such rows and a few of their partition values.
     """
     check = source_check_sql(spec)
     if check is None:
-        return source, 0
+        return ConfinedSource(source)
     alias = render_identifier(spec.source_alias)
     columns = {c.lower() for c in source.columns}
     values = source_values_sql(spec)
@@ -122,14 +133,15 @@ def confine_source(session: Any, spec: JobSpec, source: Any, source_view: str) -
                 f"the source has no column {name!r}, so its rows cannot be checked against the partitions "
                 f"{spec.partition_filter_sql}; nothing was written")
     inside = f"coalesce(({check}), false)"
-    outside = run_sql(session, f"SELECT count(*) AS n FROM {render_identifier(source_view)} AS {alias} "
-                          f"WHERE NOT {inside}").collect()[0]["n"]
+    counted = run_sql(session, f"SELECT count(*) AS total, count_if(NOT {inside}) AS n "
+                               f"FROM {render_identifier(source_view)} AS {alias}").collect()[0]
+    outside, total = int(counted["n"]), int(counted["total"])
     if not outside:
-        return source, 0
+        return ConfinedSource(source, has_rows=total > 0)
     if spec.source_outside == "drop":
         kept = run_sql(session, f"SELECT {alias}.* FROM {render_identifier(source_view)} AS {alias} WHERE {inside}")
         kept.createOrReplaceTempView(source_view)
-        return kept, int(outside)
+        return ConfinedSource(kept, dropped=outside, has_rows=total > outside)
     shown = ", ".join(f"{expr} AS {render_identifier(name)}" for name, expr in values.items())
     samples = tuple(row.asDict() for row in run_sql(
         session, f"SELECT DISTINCT {shown} FROM {render_identifier(source_view)} AS {alias} WHERE NOT {inside} "
@@ -383,11 +395,14 @@ def _run_pinned(session: Any, spec: JobSpec, outcome: RetryOutcome, progress: Jo
         source_view = f"delta_occ_source_{uuid.uuid4().hex}"
         source.createOrReplaceTempView(source_view)
         with progress.timed("source_check"):
-            source, progress.dropped_source_rows = confine_source(session, spec, source, source_view)
+            confined = confine_source(session, spec, source, source_view)
+        source, progress.dropped_source_rows, source_has_rows = confined.frame, confined.dropped, confined.has_rows
+    else:
+        source_has_rows = None
     early = None
     if watch is not None:
         with progress.timed("early_abort_setup"):
-            early = EarlyAbort.for_job(spec, watch, source)
+            early = EarlyAbort.for_job(spec, watch, source, source_has_rows)
     try:
         with progress.timed("write"):
             run_with_policies(lambda attempt: _execute_once(session, spec, source, source_view, early),

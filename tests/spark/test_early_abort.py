@@ -7,7 +7,7 @@ while it runs.
   commit (so the test is not passing on a watch that never ran).
 
 * An UPDATE (certain to commit only once a row at its read version meets its condition) is stopped the same
-  way; one that matches no row is not watched.
+  way, the row shown by the log's statistics; one that matches no row (Spark asked) is not watched.
 
 Every mode is watched: the doomed MERGE runs over Spark Connect (the tier's shared server) and through
 spark-submit (the driver watches, reading the log through its Hadoop file system), the doomed UPDATE embedded.
@@ -187,7 +187,9 @@ def test_an_update_doomed_by_a_commit_in_its_partition_is_stopped_early(spark: A
     before = DeltaLog.for_table(table).latest_version()
     result, other, landed = _race(spark, table, _update(table, "v >= 0", 1), 1, task_log)
 
-    assert any("Early abort watches this update: a row meets its condition" in line for _, line in task_log())
+    # Every row of p=1 has v = 0 and no NULL (the files' statistics): the log shows a row meets `v >= 0`.
+    assert any("Early abort watches this update: a row meets its condition" in line
+               and "from the log's statistics" in line for _, line in task_log())
     assert result["attempts"] == 2 and result["confirmed"], result["conflicts"]
     stopped = result["conflicts"][0]
     assert stopped["early"] and stopped["kind"] == "ConcurrentAppendException" and stopped["winning_version"] == other
@@ -206,5 +208,5 @@ def test_an_update_that_matches_no_row_is_not_watched(table: str, caplog: Any) -
     result = _update(table, "v < 0", 2).execute(context("update"))
     assert result["attempts"] == 1 and result["conflicts"] == [] and result["metrics"]["numUpdatedRows"] == "0"
     assert any("Early abort does not watch this update: no row meets its condition" in r.getMessage()
-               for r in caplog.records)
+               and "asked of Spark" in r.getMessage() for r in caplog.records)
     assert not any("Early abort judges this attempt" in r.getMessage() for r in caplog.records)

@@ -19,7 +19,7 @@ from airflow_delta_occ.engine.errors import ConflictKind
 from airflow_delta_occ.engine.expressions import Column, Comparison, Literal
 from airflow_delta_occ.engine.sql_parser import parse_predicate
 from airflow_delta_occ.exceptions import ConflictFailure, JobSpecError, JobStoppedEarly, ProviderConfigError
-from airflow_delta_occ.jobs.footprint import CommitCertainty, commit_certainty, counts_source_rows, running_commit_of
+from airflow_delta_occ.jobs.footprint import CommitCertainty, asks_for_source_rows, commit_certainty, running_commit_of
 from airflow_delta_occ.jobs.operations import ClauseKind, JobOperation
 from airflow_delta_occ.jobs.result import JobResult, JobStatus
 from airflow_delta_occ.jobs.spec import JobSpec, MergeClause, RunIdentity, SourceRef, TableRef
@@ -46,17 +46,17 @@ def _merge(*clauses: MergeClause) -> JobSpec:
 def test_only_jobs_certain_to_commit_are_watched():
     certain, unknown = CommitCertainty.CERTAIN, CommitCertainty.UNKNOWN
     both = _merge(MergeClause(ClauseKind.MATCHED_UPDATE_ALL), MergeClause(ClauseKind.NOT_MATCHED_INSERT_ALL))
-    assert commit_certainty(both, 3) is certain and counts_source_rows(both)
-    assert commit_certainty(both, 0) is unknown and commit_certainty(both, None) is unknown
+    assert commit_certainty(both, True) is certain and asks_for_source_rows(both)
+    assert commit_certainty(both, False) is unknown and commit_certainty(both, None) is unknown
     # A source row that matches nothing, or matches only a conditional clause, changes nothing: no commit.
-    assert commit_certainty(_merge(MergeClause(ClauseKind.NOT_MATCHED_INSERT_ALL)), 3) is unknown
+    assert commit_certainty(_merge(MergeClause(ClauseKind.NOT_MATCHED_INSERT_ALL)), True) is unknown
     conditional = MergeClause(ClauseKind.MATCHED_DELETE, condition=Comparison("=", Column("v", "s"), Literal(1)))
-    assert commit_certainty(_merge(conditional, MergeClause(ClauseKind.NOT_MATCHED_INSERT_ALL)), 3) is unknown
+    assert commit_certainty(_merge(conditional, MergeClause(ClauseKind.NOT_MATCHED_INSERT_ALL)), True) is unknown
     append = JobSpec(operation=JobOperation.APPEND, target=TableRef(path="/t"), run=RUN, source=SourceRef(path="/s"))
-    assert commit_certainty(append, 1) is certain
-    assert commit_certainty(append, 0) is unknown   # an empty append may skip its commit
+    assert commit_certainty(append, True) is certain
+    assert commit_certainty(append, False) is unknown   # an empty append may skip its commit
     optimize = JobSpec(operation=JobOperation.OPTIMIZE, target=TableRef(path="/t"), run=RUN)
-    assert commit_certainty(optimize, None) is unknown and not counts_source_rows(optimize)
+    assert commit_certainty(optimize, None) is unknown and not asks_for_source_rows(optimize)
 
 
 def test_an_update_or_delete_is_certain_once_a_row_meets_a_condition_the_engine_understands():
@@ -66,7 +66,7 @@ def test_an_update_or_delete_is_certain_once_a_row_meets_a_condition_the_engine_
     for operation in (JobOperation.UPDATE, JobOperation.DELETE):
         spec = JobSpec(operation=operation, target=TableRef(path="/t"), run=RUN, condition=understood,
                        set={"v": Literal(1)} if operation is JobOperation.UPDATE else {})
-        assert commit_certainty(spec, None) is CommitCertainty.IF_A_ROW_MATCHES and not counts_source_rows(spec)
+        assert commit_certainty(spec, None) is CommitCertainty.IF_A_ROW_MATCHES and not asks_for_source_rows(spec)
         assert matching_row_sql(spec, 7) == (
             f"SELECT 1 FROM delta.`/t` VERSION AS OF 7 WHERE {spec.condition_sql} LIMIT 1")
         for called in ("country = 'DE' AND rand() < 0.5", "country = 'DE' AND lower(name) = 'x'"):
@@ -81,6 +81,14 @@ def test_the_read_version_is_pinned_when_two_reads_agree():
     assert pin_version(lambda: next(reads)) == 5
     moving = iter(range(10))
     assert pin_version(lambda: next(moving), tries=3) is None
+    # The watch's own listing is the first read: one history read that agrees with it pins the version ...
+    history = iter([7])
+    assert pin_version(lambda: next(history), listed=7) == 7
+    # ... and one that names a newer version starts the pairs over from the history reads.
+    history = iter([8, 8])
+    assert pin_version(lambda: next(history), listed=7) == 8
+    history = iter([8, 9])
+    assert pin_version(lambda: next(history), tries=2, listed=7) is None
 
 
 class _Work:
@@ -217,10 +225,12 @@ def test_a_stopped_attempt_is_retried_as_its_conflict_and_recorded_as_early():
 def test_options_and_arguments(monkeypatch):
     monkeypatch.delenv("AIRFLOW__DELTA_OCC__EARLY_ABORT", raising=False)
     monkeypatch.delenv("AIRFLOW__DELTA_OCC__EARLY_ABORT_INTERVAL", raising=False)
-    assert config.early_abort() is False and config.early_abort_interval() == 1.0
-    monkeypatch.setenv("AIRFLOW__DELTA_OCC__EARLY_ABORT", "true")
+    assert config.early_abort() is True and config.early_abort_interval() == 1.0   # on unless turned off
+    monkeypatch.setenv("AIRFLOW__DELTA_OCC__EARLY_ABORT", "false")
     monkeypatch.setenv("AIRFLOW__DELTA_OCC__EARLY_ABORT_INTERVAL", "2.5")
-    assert config.early_abort() is True and config.early_abort_interval() == 2.5
+    assert config.early_abort() is False and config.early_abort_interval() == 2.5
+    monkeypatch.setenv("AIRFLOW__DELTA_OCC__EARLY_ABORT", "On")
+    assert config.early_abort() is True
     for bad in ("0", "-1", "61", "nan", "soon", ""):
         monkeypatch.setenv("AIRFLOW__DELTA_OCC__EARLY_ABORT_INTERVAL", bad)
         with pytest.raises(ProviderConfigError, match=r"\[delta_occ\] early_abort_interval"):
@@ -394,6 +404,39 @@ def test_an_update_is_watched_only_when_a_row_meets_its_condition_at_the_pinned_
             _doomed(b, caplog, work, "de-1.parquet")
             raise RuntimeError("cancelled")
     assert work.tags == 1 and asked[-1] == matching_row_sql(update, 1)
+
+
+def test_an_update_whose_row_the_logs_statistics_show_asks_spark_nothing(tmp_path, caplog):
+    """Every row of the DE file has id 5 to 9 (no NULL): the log shows a row meets ``id > 3``, so the statement is
+    certain to commit without a query; a condition the statistics cannot show is asked of Spark as before."""
+    b = LogBuilder(tmp_path / "t")
+    b.commit(commit_info("CREATE TABLE"), protocol(), metadata())
+    stats = {"numRecords": 4, "minValues": {"id": 5}, "maxValues": {"id": 9}, "nullCount": {"id": 0}}
+    b.commit(commit_info(), add("de-0.parquet", DE, stats=stats), add("fr-0.parquet", FR))
+    asked: list[str] = []
+
+    class Session:
+        def sql(self, text: str) -> Any:
+            asked.append(text)
+            return type("Frame", (), {"collect": lambda _self: []})()
+
+    def early_for(condition: str) -> tuple[EarlyAbort, _Attempt]:
+        update = JobSpec(operation=JobOperation.UPDATE, target=TableRef(path=str(b.root)), run=RUN,
+                         condition=parse_predicate(condition), set={"id": Literal(1)})
+        work = _Attempt()
+        watch = TableWatch(open_log=lambda: DeltaLog.for_table(b.root), interval=0.02)
+        return EarlyAbort(update, watch, CommitCertainty.IF_A_ROW_MATCHES, work_for=lambda _session: work), work
+
+    early, work = early_for("country = 'DE' AND id > 3")
+    with pytest.raises(JobStoppedEarly):
+        with early.attempt(Session(), _newest(b)):
+            _doomed(b, caplog, work, "de-1.parquet")
+            raise RuntimeError("cancelled")
+    assert asked == [] and "a row meets its condition at version 1 (from the log's statistics" in caplog.text
+    early, work = early_for("country = 'DE' AND id > 5")   # some row may, or none: Spark says none
+    with early.attempt(Session(), _newest(b)):
+        pass
+    assert len(asked) == 1 and work.tags == 0 and "(asked of Spark" in caplog.text
 
 
 def test_a_cancel_while_the_watch_is_set_up_stops_the_attempt(tmp_path):

@@ -157,3 +157,75 @@ def test_the_judge_takes_winners_one_at_a_time_and_its_verdict_stands(tmp_path):
     assert verdicts[30] is not None and verdicts[30].version == 32 and verdicts[31] is verdicts[30]
     at_once = certain_conflict(running, log.commits_after(1))
     assert at_once is not None and (at_once.version, at_once.kind) == (32, verdicts[30].kind)
+
+
+# -- a row that surely meets an UPDATE's or DELETE's condition, from the log alone ------------------------------
+
+def _with_files(tmp_path, *adds, schema=None):
+    b = LogBuilder(tmp_path / "rows")
+    b.commit(commit_info("CREATE TABLE"), protocol(), metadata(schema=schema))
+    b.commit(commit_info("WRITE"), *adds)
+    return DeltaLog.for_table(b.root).snapshot()
+
+
+def _stats(n, mins=None, maxs=None, nulls=None):
+    return {"numRecords": n, "minValues": mins or {}, "maxValues": maxs or {}, "nullCount": nulls or {}}
+
+
+def test_a_partition_with_a_counted_row_holds_a_row_for_a_partition_condition(tmp_path):
+    snap = _with_files(tmp_path, add("de.parquet", DE, stats=_stats(3)), add("fr.parquet", FR, stats=_stats(0)))
+    assert snap.holds_a_row_matching("country = 'DE'")
+    assert snap.holds_a_row_matching("date = '2024-01-01'")
+    assert not snap.holds_a_row_matching("country = 'FR'")   # its one file has no row
+    assert not snap.holds_a_row_matching("country = 'IT'")   # no such partition
+
+
+def test_statistics_prove_a_row_only_when_every_row_of_a_file_meets_the_condition(tmp_path):
+    ids = _stats(4, {"id": 5}, {"id": 9}, {"id": 0})
+    snap = _with_files(tmp_path, add("de.parquet", DE, stats=ids))
+    assert snap.holds_a_row_matching("id > 3 AND country = 'DE'")
+    assert snap.holds_a_row_matching("id >= 5 AND id <= 9")
+    assert snap.holds_a_row_matching("NOT (id < 5)")
+    assert snap.holds_a_row_matching("id IN (1, 2) OR id > 4")
+    assert snap.holds_a_row_matching("id IS NOT NULL")
+    # The statistics cannot show that a row meets these (one may, or may not): Spark must be asked.
+    for condition in ("id > 5", "id = 7", "id != 7", "id IN (5, 6, 7, 8, 9)", "id IS NULL", "name = 'a'",
+                      "id > 3 AND country = 'FR'"):
+        assert not snap.holds_a_row_matching(condition), condition
+
+
+def test_nulls_unknown_counts_and_missing_statistics_prove_nothing(tmp_path):
+    may_be_null = _stats(4, {"id": 5}, {"id": 9}, {"id": 1})
+    assert not _with_files(tmp_path / "a", add("f", DE, stats=may_be_null)).holds_a_row_matching("id > 3")
+    uncounted = _stats(4, {"id": 5}, {"id": 9})   # no null count: a NULL id may be in every row but one
+    assert not _with_files(tmp_path / "b", add("f", DE, stats=uncounted)).holds_a_row_matching("id > 3")
+    assert not _with_files(tmp_path / "c", add("f", DE)).holds_a_row_matching("country = 'DE'")
+
+
+def test_a_file_whose_rows_its_deletion_vector_removed_holds_no_row(tmp_path):
+    dv = {"storageType": "i", "pathOrInlineDv": "wi5b=000010000siXQKl0rr91000f", "offset": 1, "sizeInBytes": 36,
+          "cardinality": 4}
+    all_gone = add("f", DE, stats=_stats(4, {"id": 5}, {"id": 9}, {"id": 0}), dv=dv)
+    assert not _with_files(tmp_path / "a", all_gone).holds_a_row_matching("country = 'DE'")
+    some_left = add("f", DE, stats=_stats(5, {"id": 5}, {"id": 9}, {"id": 0}), dv=dv)
+    assert _with_files(tmp_path / "b", some_left).holds_a_row_matching("id > 3")
+
+
+def test_columns_spark_compares_otherwise_than_by_value_prove_nothing(tmp_path):
+    fields = [{"name": "c", "type": "string", "nullable": True,
+               "metadata": {"__CHAR_VARCHAR_TYPE_STRING": "char(3)"}},
+              {"name": "k", "type": "string", "nullable": True,
+               "metadata": {"__COLLATIONS": {"k": "spark.UTF8_LCASE"}}},
+              {"name": "x", "type": "double", "nullable": True, "metadata": {}},
+              {"name": "n", "type": "long", "nullable": True, "metadata": {}}]
+    schema = {"type": "struct", "fields": fields}
+    stats = _stats(2, {"c": "a  ", "k": "A", "x": 1.0, "n": 1}, {"c": "a  ", "k": "A", "x": 1.0, "n": 1},
+                   {"c": 0, "k": 0, "x": 0, "n": 0})
+    b = LogBuilder(tmp_path / "typed")
+    b.commit(commit_info("CREATE TABLE"), protocol(), metadata(partition_columns=(), schema=schema))
+    b.commit(commit_info("WRITE"), add("f", {}, stats=stats))
+    snap = DeltaLog.for_table(b.root).snapshot()
+    assert snap.holds_a_row_matching("n = 1")
+    # CHAR pads ('a' equals 'a  ' in Spark), a collation folds case ('a' equals 'A'), doubles have NaN and -0.0.
+    for condition in ("c != 'a'", "k != 'a'", "x = 1.0", "x > 0"):
+        assert not snap.holds_a_row_matching(condition), condition

@@ -522,7 +522,8 @@ class Snapshot:
         Early abort asks this before it stops an UPDATE or a DELETE, which commits a file only when a row meets
         its condition: answered here, no Spark query is needed. Columns whose comparisons Spark makes otherwise
         than by value are never judged: CHAR (padded), collated strings, and floating point (NaN and signed
-        zero are not in the statistics' order).
+        zero are not in the statistics' order). At most ``ROW_PROOF_FILES`` files are looked at: a condition no
+        file meets on every row would otherwise parse the statistics of every file it selects.
         """
         expr = self.bind(predicate)
         if has_unknown(expr):
@@ -532,7 +533,7 @@ class Snapshot:
         if not read <= leaves.keys() or any(not _compares_by_value(leaves[name][2]) for name in read):
             return False
         used = self._leaves_read_by([expr])
-        for add in self.files_matching(expr):
+        for add in itertools.islice(self.files_matching(expr), ROW_PROOF_FILES):
             stats = parse_stats_of(add.stats, used)
             if stats is None or stats.num_records is None:
                 continue
@@ -573,6 +574,8 @@ class Snapshot:
         return state.finish(self.log, latest, last, listing)
 
 
+ROW_PROOF_FILES = 1000
+"""How many files ``Snapshot.holds_a_row_matching`` looks at before it says "not known"."""
 _FLOATING = frozenset({"float", "double"})
 _VALUE_SEMANTICS_KEYS = ("__CHAR_VARCHAR_TYPE_STRING", "__COLLATIONS")
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Iterable, Mapping
+from decimal import Decimal
 from typing import Any
 
 from .predicates import ColumnStats, FileStats
@@ -64,7 +65,7 @@ def parse_stats_of(stats_json: str | None, leaves: Iterable[StatsLeaf]) -> FileS
     if not stats_json:
         return None
     try:
-        raw = json.loads(stats_json)
+        raw = json.loads(stats_json, parse_float=Decimal)   # a DECIMAL bound is written exactly: keep every digit
     except (ValueError, RecursionError):
         return None
     if not isinstance(raw, dict):

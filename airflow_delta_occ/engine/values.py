@@ -147,13 +147,14 @@ def _stat_value(raw: Any, data_type: DataType) -> Any:
         name = data_type.name
         if isinstance(raw, bool):
             return raw if name == "boolean" else None
-        if isinstance(raw, int | float):
-            if name in INTEGRAL_TYPES:
-                return int(raw)
+        if isinstance(raw, int | float | Decimal):   # statistics parse JSON fractions as Decimal (exact)
+            if name in INTEGRAL_TYPES:   # a bound outside the type (1e400) or with a fraction is no bound
+                low, high = _INTEGRAL_RANGES[name]
+                return int(raw) if raw == int(raw) and low <= int(raw) <= high else None
             if name in ("float", "double"):
                 return float(raw)
             if isinstance(data_type, DecimalType):
-                return _quantize(Decimal(str(raw)), data_type)
+                return _quantize(raw if isinstance(raw, Decimal) else Decimal(str(raw)), data_type)
     except (ValueError, ArithmeticError):
         return None
     return None

@@ -229,3 +229,20 @@ def test_columns_spark_compares_otherwise_than_by_value_prove_nothing(tmp_path):
     # CHAR pads ('a' equals 'a  ' in Spark), a collation folds case ('a' equals 'A'), doubles have NaN and -0.0.
     for condition in ("c != 'a'", "k != 'a'", "x = 1.0", "x > 0"):
         assert not snap.holds_a_row_matching(condition), condition
+
+
+def test_decimal_statistics_are_read_exactly(tmp_path):
+    """delta-spark writes a DECIMAL bound as an exact JSON number; read through a binary float, 0.100000000000000001
+    became 0.1, so the log "showed" a row meeting `d = 0.1` (none does) and pruning dropped the file for `d > 0.1`."""
+    schema = {"type": "struct", "fields": [{"name": "d", "type": "decimal(38,18)", "nullable": True, "metadata": {}}]}
+    b = LogBuilder(tmp_path / "dec")
+    b.commit(commit_info("CREATE TABLE"), protocol(), metadata(partition_columns=(), schema=schema))
+    text = '{"numRecords": 1, "minValues": {"d": 0.100000000000000001}, "maxValues": {"d": 0.100000000000000001}, ' \
+           '"nullCount": {"d": 0}}'
+    b.commit(commit_info("WRITE"), {"add": {"path": "f", "partitionValues": {}, "size": 100,
+                                            "modificationTime": 1700000000000, "dataChange": True, "stats": text}})
+    snap = DeltaLog.for_table(b.root).snapshot()
+    for none_meets in ("d = 0.1", "d <= 0.1", "d < 0.100000000000000001", "NOT (d > 0.1)"):
+        assert not snap.holds_a_row_matching(none_meets), none_meets
+    assert snap.holds_a_row_matching("d = 0.100000000000000001") and snap.holds_a_row_matching("d > 0.1")
+    assert [f.path for f in snap.files_matching("d > 0.1")] == ["f"]

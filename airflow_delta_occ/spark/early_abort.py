@@ -194,8 +194,10 @@ def pin_version(newest: Callable[[], int], tries: int = PIN_TRIES, listed: int |
 
     ``listed`` is a first read made without Spark (the watch's own listing of the log, just before): when the
     history read that follows names the same version, no commit landed between the two, so the driver's update
-    inside that history read found exactly it. One history read (about 0.15 s) instead of two, in the common
-    case of a table nobody commits to meanwhile."""
+    inside that history read found exactly it (delta-spark's history read ends at the version its ``update()``
+    returned, so the version it names is the one the driver then holds; a listing that runs behind or ahead of
+    the driver's file system only makes the two disagree, and the pairs of history reads take over). One history
+    read (about 0.15 s) instead of two, in the common case of a table nobody commits to meanwhile."""
     last = newest() if listed is None else listed
     for _ in range(tries - 1):
         again = newest()

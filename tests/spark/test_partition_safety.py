@@ -8,6 +8,7 @@ smuggled through ``source_query``, and conditions that only look confined.
 
 from __future__ import annotations
 
+import logging
 from types import SimpleNamespace
 from typing import Any
 
@@ -140,7 +141,9 @@ def test_source_rows_of_other_partitions_are_refused_before_anything_is_written(
     assert version(sales) == before
 
 
-def test_source_rows_outside_can_be_dropped_explicitly(spark: Any, sales: str, tmp_path: Any) -> None:
+def test_source_rows_outside_can_be_dropped_explicitly(spark: Any, sales: str, tmp_path: Any,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="airflow_delta_occ.spark.early_abort")
     src = source(spark, tmp_path, "mixed", [(1, 11, "2024-01-01", "DE"), (3, 33, "2024-01-01", "FR"),
                                             (9, 99, "2024-01-01", "DE")])
     result = DeltaMergeOperator(task_id="m", table=sales, source=src, merge_condition="t.id = s.id", partitions=DE,
@@ -151,6 +154,17 @@ def test_source_rows_outside_can_be_dropped_explicitly(spark: Any, sales: str, t
                                    source_outside_partitions="drop").execute(context("a"))
     assert appended["dropped_source_rows"] == 2
     assert rows(spark, sales).count((3, 33, "FR")) == 1
+    # The source check's one query also tells early abort (on by default) whether any row is left to write: with
+    # one row kept the append is watched; with every row dropped it may commit nothing, so it is never watched
+    # (a commit cannot doom a job that writes nothing, and judging it as if it wrote would stop it for nothing).
+    assert "no source rows" not in caplog.text and "Early abort judges this attempt" in caplog.text
+    caplog.clear()
+    only_fr = source(spark, tmp_path, "only_fr", [(5, 55, "2024-01-01", "FR")])
+    emptied = DeltaAppendOperator(task_id="e", table=sales, source=only_fr, partitions=DE,
+                                  source_outside_partitions="drop").execute(context("e"))
+    assert emptied["dropped_source_rows"] == 1
+    assert "Early abort does not watch this append: it may commit no file (no source rows)" in caplog.text
+    assert rows(spark, sales).count((5, 55, "FR")) == 0
 
 
 def test_update_clauses_cannot_move_rows_out_of_the_partitions(sales: str) -> None:

@@ -391,18 +391,17 @@ def _run_pinned(session: Any, spec: JobSpec, outcome: RetryOutcome, progress: Jo
     with progress.timed("source_read"):
         source = read_source(session, spec)
     source_view = None
+    confined = ConfinedSource(source)
     if source is not None:
         source_view = f"delta_occ_source_{uuid.uuid4().hex}"
         source.createOrReplaceTempView(source_view)
         with progress.timed("source_check"):
             confined = confine_source(session, spec, source, source_view)
-        source, progress.dropped_source_rows, source_has_rows = confined.frame, confined.dropped, confined.has_rows
-    else:
-        source_has_rows = None
+        source, progress.dropped_source_rows = confined.frame, confined.dropped
     early = None
     if watch is not None:
         with progress.timed("early_abort_setup"):
-            early = EarlyAbort.for_job(spec, watch, source, source_has_rows)
+            early = EarlyAbort.for_job(spec, watch, source, confined.has_rows)
     try:
         with progress.timed("write"):
             run_with_policies(lambda attempt: _execute_once(session, spec, source, source_view, early),

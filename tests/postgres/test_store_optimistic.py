@@ -30,6 +30,14 @@ from . import test_store_contract as contract_tests  # a module: its class is no
 pytestmark = pytest.mark.postgres
 
 
+@pytest.fixture(autouse=True)
+def _every_operation_reads_and_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests prove the optimistic path, so the one-step functions that decide the easy cases before it
+    (``pg_at_once``, proven in ``test_store_at_once.py``) are off here; the contract runs with them on in
+    ``test_store_contract.py`` and with them off here (``TestLockedFallback``, ``TestPlainStatement``)."""
+    monkeypatch.setattr(sql, "AT_ONCE", False)
+
+
 @pytest.fixture
 def stores(postgres_url: str) -> Iterator[tuple[SqlLeaseStore, SqlLeaseStore]]:
     """Two stores on one database: two processes, each with its own view of the pools."""

@@ -182,6 +182,10 @@ class LeaseStore(ABC):
     def acquire(self, request: LeaseRequest) -> LeaseState:
         """Queue ``request`` (or find the owner's existing one for the table) and grant it if the rule allows."""
         request.check()
+        at_once = self._acquire_at_once(request)
+        if at_once is not None:
+            self._remember_request(at_once.request_id, request)
+            return at_once
 
         def body(txn: PoolTransaction) -> tuple[LeaseState, list[Row]]:
             txn.about(request.table)
@@ -193,7 +197,7 @@ class LeaseStore(ABC):
                                      summary=request.summary, requested_at=txn.now, granted_at=None,
                                      expires_at=txn.now + request.ttl)
                 txn.insert(Row.of(record, request))
-                self._audit(txn, record, AuditKind.REQUEST, _request_detail(request))
+                self._audit(txn, record, AuditKind.REQUEST, request_detail(request))
                 request_id = record.request_id
             else:
                 request_id = mine.request_id
@@ -204,17 +208,32 @@ class LeaseStore(ABC):
                     txn.update(Row.of(record, request, mine.revision + 1) if replanned
                                else replace(mine, record=record))
                     if replanned:
-                        self._audit(txn, record, AuditKind.REPLAN, _request_detail(request))
+                        self._audit(txn, record, AuditKind.REPLAN, request_detail(request))
             return self._settle(txn, request_id)
 
         state, rows = self._transact(request.pool, body, table=request.table)
+        self._remember_request(state.request_id, request)
+        self._pool_sizes[request.pool] = len(rows)
+        return self._explained(state, rows)
+
+    def _remember_request(self, request_id: str, request: LeaseRequest) -> None:
         if len(self._pool_of) > 10_000:
             self._pool_of.clear()
             self._table_of.clear()
-        self._pool_of[state.request_id] = request.pool
-        self._table_of[state.request_id] = request.table
-        self._pool_sizes[request.pool] = len(rows)
-        return self._explained(state, rows)
+        self._pool_of[request_id] = request.pool
+        self._table_of[request_id] = request.table
+
+    def _acquire_at_once(self, request: LeaseRequest) -> LeaseState | None:
+        """A store's shortcut for an acquire it can decide in one step without reading the pool (PostgreSQL:
+        ``pg_at_once``): the granted state, or ``None`` to decide the usual way. Only a grant the rule would make
+        on the pool as it is may be answered here."""
+        return None
+
+    def _release_at_once(self, pool: str, table: str | None, request_id: str, owner: str, note: str) -> bool | None:
+        """A store's shortcut for a release that hands nothing over (PostgreSQL: ``pg_at_once``): ``True`` when it
+        released the request, ``None`` to decide the usual way (which also tells a request gone or not owned).
+        ``table``: the request's, when this process knows it."""
+        return None
 
     def poll(self, request_id: str, owner: str) -> LeaseState:
         """The request's state now, and its owner's heartbeat. ``GONE`` when it expired or was released.
@@ -424,6 +443,8 @@ class LeaseStore(ABC):
         table = self._table_of.pop(request_id, None)
         if pool is None:
             return False
+        if self._release_at_once(pool, table, request_id, owner, note[:500]):
+            return True
         if self._pool_sizes.get(pool, 0) >= PREWARM_ROWS:
             self._prewarm(pool, request_id)
 
@@ -550,7 +571,7 @@ def _heartbeat_due(record: LeaseRecord | None, row: Row | None, now: float) -> b
     return record is not None and row is not None and record.expires_at - now < row.ttl * 2 / 3
 
 
-def _request_detail(request: LeaseRequest) -> str:
+def request_detail(request: LeaseRequest) -> str:
     """The request's JSON (its footprint per partition): enough to re-judge any two grants from the audit alone."""
     return request.json_text
 

@@ -109,14 +109,15 @@ WITH bump AS (
     RETURNING p.next_seq
 ), inserted AS (
     INSERT INTO delta_occ_leases (request_id, pool, table_key, owner, seq, revision, status, summary, model,
-                                  max_writers, ttl, request, requested_at, granted_at, expires_at, blocker)
+                                  max_writers, ttl, request, requested_at, granted_at, expires_at, blocker, reach)
     SELECT v.request_id, v.pool, v.table_key, v.owner, v.seq + (SELECT next_seq FROM bump) - %(next_seq)s,
            v.revision, v.status, v.summary, v.model,
-           v.max_writers, v.ttl, v.request, v.requested_at, v.granted_at, v.expires_at, v.blocker
+           v.max_writers, v.ttl, v.request, v.requested_at, v.granted_at, v.expires_at, v.blocker, v.reach
     FROM jsonb_to_recordset(%(inserts)s::jsonb) AS v(
         request_id text, pool text, table_key text, owner text, seq bigint, revision integer, status text,
         summary text, model text, max_writers integer, ttl double precision, request text,
-        requested_at double precision, granted_at double precision, expires_at double precision, blocker text)
+        requested_at double precision, granted_at double precision, expires_at double precision, blocker text,
+        reach text)
     WHERE EXISTS (SELECT FROM bump)
 ), updated AS (
     UPDATE delta_occ_leases AS l
@@ -124,10 +125,12 @@ WITH bump AS (
         summary = v.summary, blocker = v.blocker, request = COALESCE(v.request, l.request),
         model = CASE WHEN v.request IS NULL THEN l.model ELSE v.model END,
         max_writers = CASE WHEN v.request IS NULL THEN l.max_writers ELSE v.max_writers END,
-        ttl = CASE WHEN v.request IS NULL THEN l.ttl ELSE v.ttl END
+        ttl = CASE WHEN v.request IS NULL THEN l.ttl ELSE v.ttl END,
+        reach = CASE WHEN v.request IS NULL THEN l.reach ELSE v.reach END
     FROM jsonb_to_recordset(%(updates)s::jsonb) AS v(
         request_id text, status text, granted_at double precision, expires_at double precision, revision integer,
-        summary text, blocker text, request text, model text, max_writers integer, ttl double precision)
+        summary text, blocker text, request text, model text, max_writers integer, ttl double precision,
+        reach text)
     WHERE l.request_id = v.request_id AND EXISTS (SELECT FROM bump)
 ), deleted AS (
     DELETE FROM delta_occ_leases WHERE request_id = ANY(%(deletes)s) AND EXISTS (SELECT FROM bump)

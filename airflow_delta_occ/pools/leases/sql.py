@@ -31,6 +31,8 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from decimal import Decimal
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -42,9 +44,9 @@ from airflow_delta_occ.exceptions import LeaseStoreError
 
 from ..arbiter import Remembered
 from ..compare import PairJudge
-from ..requests import AuditEvent, AuditKind, LeaseRecord, LeaseRequest, LeaseRequestError, LeaseStatus
-from . import pg_statements
-from .base import LeaseStore, PoolTransaction, Row, newest
+from ..requests import AuditEvent, AuditKind, LeaseRecord, LeaseRequest, LeaseRequestError, LeaseState, LeaseStatus
+from . import pg_at_once, pg_statements
+from .base import LeaseStore, PoolTransaction, Row, newest, request_detail
 from .urls import masked_url, parse_url
 
 _T = TypeVar("_T")
@@ -60,6 +62,10 @@ SCHEMA_LOCK_KEY = 0x44454C54414F4343  # "DELTAOCC": the advisory lock that seria
 #: Whether operations whose table is known read their pool in the table's queue (``_transact_queued``). Off, they
 #: decide as the release before did (a benchmark compares both in one run, ``benchmarks/leases.py``).
 QUEUED = True
+
+#: Whether PostgreSQL acquires and releases the server can decide alone are made in one call (``pg_at_once``). Off,
+#: every operation reads the pool first, as the release before did (a benchmark compares both in one run).
+AT_ONCE = True
 
 #: How many times an operation decides in its table's queue (``_transact_queued``) before it takes the pool's lock.
 QUEUED_TRIES = 3
@@ -109,6 +115,7 @@ leases_table = sa.Table(
     sa.Column("granted_at", sa.Float(53), nullable=True),
     sa.Column("expires_at", sa.Float(53), nullable=False),
     sa.Column("blocker", sa.Text, nullable=True),   # a waiter's remembered blocker (arbiter.Remembered), JSON
+    sa.Column("reach", sa.Text, nullable=True),     # its partitions as the server compares them (pg_at_once), JSON
     sa.Index("ix_delta_occ_leases_pool_seq", "pool", "seq"),
     sa.Index("ix_delta_occ_leases_table", "table_key"),
 )
@@ -168,6 +175,9 @@ class SqlLeaseStore(LeaseStore):
         #: PostgreSQL's conditional write as sent: through its server-side function (``pg_statements``), or
         #: as the plain statement where the function could not be made.
         self.write_statement = pg_statements.WRITE
+        #: PostgreSQL's one-step acquire and release (``pg_at_once``) as called, or ``None`` where their functions
+        #: could not be made (or ``AT_ONCE`` is off): every operation then goes the usual way.
+        self.at_once: tuple[str, str] | None = None
         with self._errors("create the lease tables"), self._transaction_block() as conn:
             if self.dialect == "postgresql":
                 conn.execute(sa.select(sa.func.pg_advisory_xact_lock(SCHEMA_LOCK_KEY)))
@@ -176,6 +186,89 @@ class SqlLeaseStore(LeaseStore):
             schema = _ensure_write_function(conn) if self.dialect == "postgresql" else None
             if schema is not None:
                 self.write_statement = pg_statements.call_write(schema)
+            schema = _ensure_at_once_functions(conn) if self.dialect == "postgresql" else None
+            if schema is not None:
+                self.at_once = (pg_at_once.call_acquire(schema), pg_at_once.call_release(schema))
+
+    def _acquire_at_once(self, request: LeaseRequest) -> LeaseState | None:
+        """``LeaseStore._acquire_at_once`` on PostgreSQL: a request whose reach has tokens (``pg_at_once.reach_text``)
+        and no writer limit is offered to the acquire function, which grants it when every live request of its
+        table is apart from it; otherwise (or when the call fails) the usual way decides."""
+        if (self.at_once is None or not AT_ONCE or not OPTIMISTIC or request.max_writers is not None
+                or not self._queue_open(request.pool, request.table)):
+            return None
+        reach = pg_at_once.reach_text(request, 0)
+        if reach is None:
+            return None
+        request_id = uuid.uuid4().hex
+        row = json.dumps({"request_id": request_id, "summary": request.summary, "model": request.model,
+                          "ttl": request.ttl, "request": request.json_text, "reach": reach})
+        params = {"pool": request.pool, "table": request.table, "owner": request.owner, "row": row,
+                  "detail": request_detail(request)}
+        answer = self._call_at_once(0, request.pool, request.table, params)
+        if answer is None or answer.applied is None:
+            return None
+        at = float(answer.decided_at)
+        record = LeaseRecord(request_id=request_id, pool=request.pool, table=request.table, owner=request.owner,
+                             seq=int(answer.applied) - 1, status=LeaseStatus.GRANTED, summary=request.summary,
+                             requested_at=at, granted_at=at, expires_at=float(answer.decided_at + Decimal(
+                                 repr(request.ttl))))
+        return LeaseState(request_id, LeaseStatus.GRANTED, at, record)
+
+    def _landed_quietly(self, pool: str, token: str) -> bool:
+        """``_landed``, ``False`` when the database cannot tell now (the usual way then decides, and fails, again)."""
+        try:
+            return self._landed(pool, token)
+        except LeaseStoreError:
+            return False
+
+    def _release_at_once(self, pool: str, table: str | None, request_id: str, owner: str, note: str) -> bool | None:
+        """``LeaseStore._release_at_once`` on PostgreSQL: the release function, when nobody waits on the table."""
+        if self.at_once is None or not AT_ONCE or not OPTIMISTIC or table is None or not self._queue_open(pool, table):
+            return None
+        answer = self._call_at_once(1, pool, table, {"pool": pool, "table": table, "request_id": request_id,
+                                                     "owner": owner, "note": note})
+        if answer is None or answer.applied is None:
+            return None
+        return True
+
+    def _call_at_once(self, which: int, pool: str, table: str, params: dict[str, Any]) -> Any:
+        """One call of a one-step function (0: acquire, 1: release); its answer, or ``None`` when the usual way must
+        decide: the call failed before it ran (its function gone: not called again by this store), or its
+        connection died (a write that landed is then found by the usual way: the owner's request is there, or
+        its lease is gone).
+
+        Raises:
+            LeaseStoreError: the database refused the call for another reason.
+        """
+        assert self.at_once is not None
+        token = uuid.uuid4().hex
+        params = {**params, "token": token, "now": None if self.clock is None else float(self.clock()),
+                  "queue_class": pg_statements.QUEUE_CLASS, "queue_key": _queue_key(pool, table),
+                  "wait_ms": int(QUEUE_WAIT_MS)}
+        try:
+            with self.engine.connect() as conn:   # autocommit (``_engine``): the call commits itself
+                answer = conn.exec_driver_sql(self.at_once[which], params).one()
+        except DBAPIError as exc:
+            self._snapshots.pop(pool, None)
+            if exc.connection_invalidated:   # a release that landed is told by its token: it released the lease
+                landed = which == 1 and self._landed_quietly(pool, token)
+                return SimpleNamespace(applied=-1) if landed else None
+            if getattr(exc.orig, "pgcode", None) == pg_statements.LOCK_NOT_AVAILABLE:   # nothing ran: as the queue
+                self.writes["queue_timed_out"] += 1
+                self._queue_closed[(pool, table)] = time.monotonic() + QUEUE_SKIP_SECONDS
+                return None
+            if _function_refused(exc, pg_at_once.ACQUIRE_FUNCTION if which == 0 else pg_at_once.RELEASE_FUNCTION):
+                log.warning("the lease store's one-step function is gone or may no longer be run (%s); this store "
+                            "decides every operation the usual way from now on", _first_line(exc))
+                self.at_once = None
+                return None
+            raise self._failed(f"change pool {pool!r}", exc) from exc
+        except SQLAlchemyError as exc:
+            raise self._failed(f"change pool {pool!r}", exc) from exc
+        self._clock_offset = float(answer.db_now) - time.time()
+        self.writes["at_once" if answer.applied is not None else "at_once_declined"] += 1
+        return answer
 
     def close(self) -> None:
         self.engine.dispose()
@@ -731,43 +824,67 @@ _ROW_COLUMNS = (*_RECORD_COLUMNS, leases_table.c.revision, leases_table.c.model,
 _ADDED_COLUMNS = (("delta_occ_leases", "blocker", "TEXT"), ("delta_occ_lease_pools", "changed_at", "DOUBLE PRECISION"),
                   ("delta_occ_lease_pools", "write_token", "VARCHAR(32)"),
                   ("delta_occ_lease_pools", "table_revs", "JSONB"), ("delta_occ_lease_pools", "tracked_seq", "BIGINT"),
-                  ("delta_occ_lease_pools", "limited", "BOOLEAN"), ("delta_occ_lease_pools", "recent_tokens", "JSONB"))
+                  ("delta_occ_lease_pools", "limited", "BOOLEAN"), ("delta_occ_lease_pools", "recent_tokens", "JSONB"),
+                  ("delta_occ_leases", "reach", "TEXT"))
 
 
 def _ensure_write_function(conn: Connection) -> str | None:
     """Make ``pg_statements``' write function if the database lacks it; the schema to call it in
     (``pg_statements.call_write``), or ``None`` when this store must send the plain statement (the same write,
-    parsed and planned every time).
+    parsed and planned every time). See ``_ensure_function``."""
+    return _ensure_function(conn, pg_statements.WRITE_FUNCTION, pg_statements.WRITE_FUNCTION_TYPES,
+                            pg_statements.WRITE_FUNCTION_BODY, pg_statements.WRITE_FUNCTION_DEFINITION,
+                            "write function",
+                            "it sends the plain statement, which the server parses and plans on every write")
+
+
+def _ensure_at_once_functions(conn: Connection) -> str | None:
+    """Make ``pg_at_once``'s acquire and release functions if the database lacks them; the schema to call them
+    in, or ``None`` when either cannot be used (every operation then goes the usual way)."""
+    schema = None
+    for name, types, body, definition in (
+            (pg_at_once.ACQUIRE_FUNCTION, pg_at_once.ACQUIRE_FUNCTION_TYPES, pg_at_once.ACQUIRE_BODY,
+             pg_at_once.ACQUIRE_DEFINITION),
+            (pg_at_once.RELEASE_FUNCTION, pg_at_once.RELEASE_FUNCTION_TYPES, pg_at_once.RELEASE_BODY,
+             pg_at_once.RELEASE_DEFINITION)):
+        schema = _ensure_function(conn, name, types, body, definition, "one-step function",
+                                  "every acquire and release reads the pool before it decides")
+        if schema is None:
+            return None
+    return schema
+
+
+def _ensure_function(conn: Connection, function: str, types: str, body: str, definition: str, label: str,
+                     otherwise: str) -> str | None:
+    """Make the store's server-side function ``function`` if the database lacks it; the schema to call it in, or
+    ``None`` when it must not be called (``otherwise`` says what the store does then).
 
     Runs under the schema lock, so processes starting together make it once, in the schema of the store's
     tables, and call it by that schema. A function of that name another role made, or with another body,
     is never called: its name is known from the released source. Nor is one this role may not run; and a
-    role that may not create functions there (tables an administrator made for it) keeps the statement.
+    role that may not create functions there (tables an administrator made for it) does without.
     Why is logged each time a store opens.
     """
     state = conn.exec_driver_sql(pg_statements.WRITE_FUNCTION_STATE,
-                                 {"name": pg_statements.WRITE_FUNCTION, "types": pg_statements.WRITE_FUNCTION_TYPES,
-                                  "body": pg_statements.WRITE_FUNCTION_BODY}).one_or_none()
+                                 {"name": function, "types": types, "body": body}).one_or_none()
     if state is None:   # the tables are not where this role's search_path finds them: nowhere to make it
-        log.warning("the lease store cannot find the schema of its tables; it sends the plain statement")
+        log.warning("the lease store cannot find the schema of its tables; %s", otherwise)
         return None
-    name = pg_statements.qualified_write_function(state.schema)
+    name = pg_at_once.qualified(state.schema, function)
     if state.present:
         refusal = ("another role made it" if not state.trusted else
                    "its source is not this release's" if not state.same_body else
                    f"this role may not execute it (GRANT EXECUTE ON FUNCTION {name} to use it)"
                    if not state.usable else None)
         if refusal is not None:
-            log.warning("the lease store does not call the write function %s: %s; it sends the plain "
-                        "statement, which the server parses and plans on every write", name, refusal)
+            log.warning("the lease store does not call its %s %s: %s; %s", label, name, refusal, otherwise)
             return None
         return str(state.schema)
     try:
         with conn.begin_nested():
-            conn.exec_driver_sql(pg_statements.create_write_function(state.schema))
+            conn.exec_driver_sql(f"CREATE FUNCTION {name}{definition}")
     except DBAPIError as exc:
-        log.warning("the lease store cannot create its write function %s (%s); it sends the plain statement, "
-                    "which the server parses and plans on every write", name, _first_line(exc))
+        log.warning("the lease store cannot create its %s %s (%s); %s", label, name, _first_line(exc), otherwise)
         return None
     return str(state.schema)
 
@@ -775,13 +892,17 @@ def _ensure_write_function(conn: Connection) -> str | None:
 def _write_function_refused(exc: BaseException) -> bool:
     """Whether ``exc`` (a ``LeaseStoreError``) comes from a call of the write function that the database
     refused before running it: the function does not exist, or this role may not execute it."""
-    cause = exc.__cause__
+    return _function_refused(exc.__cause__, pg_statements.WRITE_FUNCTION)
+
+
+def _function_refused(cause: BaseException | None, function: str) -> bool:
+    """Whether ``cause`` is the database refusing a call of ``function`` before running it."""
     orig = getattr(cause, "orig", None)
     code = getattr(orig, "pgcode", None)
     message = getattr(getattr(orig, "diag", None), "message_primary", None) or ""
     return (isinstance(cause, DBAPIError) and code in (pg_statements.UNDEFINED_FUNCTION,
                                                        pg_statements.INSUFFICIENT_PRIVILEGE)
-            and pg_statements.WRITE_FUNCTION in message)
+            and function in message)
 
 
 def _first_line(exc: BaseException | None) -> str:
@@ -997,7 +1118,8 @@ def _changed_values(row: Row) -> dict[str, Any]:
 
 def _replanned_values(row: Row) -> dict[str, Any]:
     """The columns a re-plan changes besides those: the new request and the terms kept beside it."""
-    return {"request": row.request.json_text, "model": row.model, "max_writers": row.max_writers, "ttl": row.ttl}
+    return {"request": row.request.json_text, "model": row.model, "max_writers": row.max_writers, "ttl": row.ttl,
+            "reach": pg_at_once.reach_text(row.request, row.revision)}
 
 
 _CHANGED = ("status", "granted_at", "expires_at", "revision", "summary", "blocker")
@@ -1018,7 +1140,7 @@ def _values(row: Row) -> dict[str, Any]:
             "seq": record.seq, "revision": row.revision, "status": record.status.value, "summary": record.summary,
             "model": row.model, "max_writers": row.max_writers, "ttl": row.ttl, "request": row.request.json_text,
             "requested_at": record.requested_at, "granted_at": record.granted_at, "expires_at": record.expires_at,
-            "blocker": _remembered_text(row.remembered)}
+            "blocker": _remembered_text(row.remembered), "reach": pg_at_once.reach_text(row.request, row.revision)}
 
 
 def _now_sql(dialect: str) -> Any:

@@ -55,8 +55,8 @@ def _token(key: Any) -> str | None:
         return None
     if isinstance(key, tuple) and key == (1, 0.0):   # NaN, equal to itself in a filter
         return "nan"
-    if isinstance(key, bool):
-        return f"b:{int(key)}"
+    if isinstance(key, bool):   # True == Decimal(1) in Python: a bool is compared as that number
+        return f"d:{int(key)}"
     if isinstance(key, str):
         return f"s:{key}"
     if isinstance(key, Decimal):

@@ -66,6 +66,7 @@ TABLES = 8
 DATES = ("2024-01-01", "2024-01-02", "2024-01-03", "2024-01-04")
 COUNTRIES = ("DE", "FR", "IT", "ES")
 POLL_SECONDS = 0.010
+BEFORE = "no one-step calls (before)"   # the baseline rows: ``sql.AT_ONCE`` off, as the release before decided
 P99_GOAL_MS = 20.0
 GRANTS_GOAL = 500.0
 PROFILE_OPS = 300
@@ -111,7 +112,8 @@ class LoadSpec:
     conflict_share: float
     pool_per_process: bool
     interval: float | None = None   # paced: seconds from one pair's start to the next (None: as fast as it can)
-    queued: bool = True   # tables' queues on (off: how the release before decided, ``sql.QUEUED``)
+    queued: bool = True   # tables' queues on (off: how a release before decided, ``sql.QUEUED``)
+    at_once: bool = True   # one-step acquire and release on (off: how the release before decided, ``sql.AT_ONCE``)
 
 
 def load_worker(spec: LoadSpec, barrier: Any, done: Any, out: Any) -> None:
@@ -133,6 +135,7 @@ def load_worker(spec: LoadSpec, barrier: Any, done: Any, out: Any) -> None:
 
 def _load(spec: LoadSpec, barrier: Any, done: Any, out: Any) -> None:
     sql.QUEUED = spec.queued   # this worker process's own module
+    sql.AT_ONCE = spec.at_once
     store = SqlLeaseStore(spec.url)
     snapshot = DeltaLog.for_table(spec.table).snapshot()
     pool = f"bench-{spec.index}" if spec.pool_per_process else "bench"
@@ -190,13 +193,16 @@ class LoadResult:
 
     @property
     def missed_share(self) -> str:
-        """Optimistic writes that missed (the pool moved between read and write), reads made in a table's
-        queue, operations that fell back to the pool's lock, and optimistic writes that landed on a pool that
-        had moved on other tables only, as shares of the operations."""
-        ops = self.writes["landed"] + self.writes["locked"]
+        """Operations decided in one step (and one-step calls declined), optimistic writes that missed (the pool
+        moved between read and write), reads made in a table's queue, operations that fell back to the pool's
+        lock, and optimistic writes that landed on a pool that had moved on other tables only, as shares of the
+        operations."""
+        ops = self.writes["at_once"] + self.writes["landed"] + self.writes["locked"]
         if not ops:
             return "-"
-        return " / ".join(f"{self.writes[kind] / ops:.0%}" for kind in ("missed", "queued", "locked", "landed_moved"))
+        return (f"{self.writes['at_once'] / ops:.0%} ({self.writes['at_once_declined'] / ops:.0%}) / "
+                + " / ".join(f"{self.writes[kind] / ops:.0%}"
+                             for kind in ("missed", "queued", "locked", "landed_moved")))
 
     @property
     def cpu_per_grant_ms(self) -> float:
@@ -226,7 +232,7 @@ class LoadResult:
 
 def run_load(url: str, table: str, *, processes: int, seconds: float, conflict_share: float,
              pool_per_process: bool, store: str, workload: str, data_dir: Path | None,
-             offered: float | None = None, queued: bool = True) -> LoadResult:
+             offered: float | None = None, queued: bool = True, at_once: bool = True) -> LoadResult:
     """Spawn the workers (each opens its own store: SQLAlchemy engines must not cross fork), start them together."""
     ctx = multiprocessing.get_context("spawn")
     barrier, done = ctx.Barrier(processes + 1), ctx.Barrier(processes + 1)
@@ -234,7 +240,7 @@ def run_load(url: str, table: str, *, processes: int, seconds: float, conflict_s
     workers = [ctx.Process(target=load_worker, args=(LoadSpec(url, table, i, seconds, conflict_share,
                                                               pool_per_process,
                                                               None if offered is None else processes / offered,
-                                                              queued),
+                                                              queued, at_once),
                                                      barrier, done, out))
                for i in range(processes)]
     SqlLeaseStore(url).close()  # the schema exists before the workers race to create it
@@ -290,6 +296,9 @@ def statement_label(statement: str) -> str:
     statement touches."""
     if statement.lstrip().startswith("WITH bump") or "delta_occ_lease_write_" in statement.split("(", 1)[0]:
         return "conditional write"
+    for kind in ("acquire", "release"):
+        if f"delta_occ_lease_{kind}_" in statement.split("(", 1)[0]:
+            return f"one-step {kind}"
     words = statement.split()
     tables = re.findall(r"delta_occ_(?:lease_)?(\w+)", statement)
     label = f"{words[0]} {tables[0] if tables else ' '.join(words[1:2])}".strip()
@@ -344,7 +353,8 @@ def lock_held(trips: list[tuple[str, float, float]]) -> float:
     (the row lock lives inside that statement, so this bounds it)."""
     taken = next((end for what, _, end in trips if what == "BEGIN IMMEDIATE" or what.endswith("FOR UPDATE")), None)
     if taken is None:
-        return sum(end - start for what, start, end in trips if what == "conditional write")
+        return sum(end - start for what, start, end in trips
+                   if what in ("conditional write", "one-step acquire", "one-step release"))
     released = next((end for what, _, end in trips if what in ("COMMIT", "conditional write") and end > taken), None)
     return 0.0 if released is None else released - taken
 
@@ -561,20 +571,20 @@ def main() -> None:
                 scenarios: list[tuple[str, float, bool, float | None, bool]] = [
                     ("disjoint", 0.0, False, None, True), (mixed, args.conflict_share, False, None, True)]
                 if name == "PostgreSQL":
-                    scenarios += [("disjoint, no tables' queues (before)", 0.0, False, None, False),
-                                  (f"{mixed}, no tables' queues (before)", args.conflict_share, False, None, False),
+                    scenarios += [(f"disjoint, {BEFORE}", 0.0, False, None, False),
+                                  (f"{mixed}, {BEFORE}", args.conflict_share, False, None, False),
                                   ("disjoint, one pool per process", 0.0, True, None, True)]
                     for offered in args.offered:
                         scenarios += [(f"disjoint, paced at {offered:g} grants/s", 0.0, False, offered, True),
-                                      (f"disjoint, no tables' queues (before), paced at {offered:g} grants/s", 0.0,
+                                      (f"disjoint, {BEFORE}, paced at {offered:g} grants/s", 0.0,
                                        False, offered, False),
                                       (f"disjoint, one pool per process, paced at {offered:g} grants/s", 0.0, True,
                                        offered, True)]
-                for workload, share, per_process, offered, queued in scenarios:
+                for workload, share, per_process, offered, at_once in scenarios:
                     print(f"{name}: {workload} ...", file=sys.stderr)
                     loads.append(run_load(url, table, processes=args.processes, seconds=args.seconds,
                                           conflict_share=share, pool_per_process=per_process, store=name,
-                                          workload=workload, data_dir=data_dir, offered=offered, queued=queued))
+                                          workload=workload, data_dir=data_dir, offered=offered, at_once=at_once))
                     print(load_row(loads[-1]), file=sys.stderr)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -605,8 +615,8 @@ def render(args: argparse.Namespace, loads: list[LoadResult], profiles: list[Pro
         f"{args.load_average:.2f} (the machine is shared: other work there takes cores from this run).",
         "",
         "| store | workload | grants | grants/s | granted at once | p50 acquire (ms) | p99 acquire (ms) | "
-        "max acquire (ms) | waited | p50 wait (ms) | CPU per grant (ms) | CPU busy | writes missed / queued / "
-        "locked / landed past others |",
+        "max acquire (ms) | waited | p50 wait (ms) | CPU per grant (ms) | CPU busy | one step (declined) / missed / "
+        "queued / locked / landed past others |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *(load_row(r) for r in loads),
     ]
@@ -622,13 +632,13 @@ def render(args: argparse.Namespace, loads: list[LoadResult], profiles: list[Pro
         else:
             line += f" ({goal.per_second:,.0f} grants/s achieved of {goal.offered:g} offered)."
         lines.append(line)
-    lines.append("*writes missed / queued / locked / landed past others* (PostgreSQL): optimistic writes that found "
-                 "their tables changed since the read they decided on, reads made in a table's queue, operations "
-                 "that took the pool's row lock (with the queues: three misses in the queue; without: a write "
-                 "decided on a fresh read, after a miss, that missed again), and optimistic writes that landed "
-                 "although the pool had moved, on other tables only, per operation. *no tables' queues (before)*: "
-                 "the same load with `sql.QUEUED` off in the workers, as the release before decided, in the same "
-                 "run.")
+    lines.append("*one step (declined) / missed / queued / locked / landed past others* (PostgreSQL), per operation: "
+                 "operations decided by one call of the store's acquire or release function (`pg_at_once`), and "
+                 "such calls that declined (the operation then went the usual way); optimistic writes that found "
+                 "their tables changed since the read they decided on; reads made in a table's queue; operations "
+                 "that took the pool's row lock (three misses in the queue); optimistic writes that landed "
+                 f"although the pool had moved, on other tables only. *{BEFORE}*: the same load with `sql.AT_ONCE` "
+                 "off in the workers, as the release before decided, in the same run.")
     lines += [
         "",
         f"Where the time goes: one process alone, {args.profile_ops} acquire -> release pairs on one pool with another "

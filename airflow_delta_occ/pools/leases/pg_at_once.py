@@ -17,7 +17,7 @@ NULL; the caller then goes the usual way (``sql.SqlLeaseStore``), which decides 
 not: expiries, hand-overs, writer limits, asking again, ownership errors.
 
 What the server compares is each request's *reach* (``compare.Reach``: the partitions the job can touch, per
-partition column) as ``reach_text`` writes it beside the stored request: per column, one token per value. Two
+partition column) as ``reach_of`` makes it beside the stored request: per column, one token per value. Two
 values a filter holds equal always get the same token (``_token``), and a value without an exact token leaves
 its column out, so tokens that share nothing mean values that share nothing (``Reach.apart``), and every
 doubt reads as "may meet": the call then writes nothing. A token set is kept with the revision of the request
@@ -35,34 +35,36 @@ from decimal import Decimal
 from typing import Any, Final
 
 from ..requests import LeaseRequest
+from . import pg_statements
 
-#: The form of ``reach_text``; part of every layout key, so a release that changes the tokens never compares
-#: its tokens with another release's.
+#: The form of ``reach_of``; part of every layout key, so a release that changes the tokens never compares its
+#: tokens with another release's. Move it whenever what the tokens are made from changes what it gives
+#: (``compare.reach``, ``predicates.comparison_key``, ``_token``): tokens stored by the older code are then
+#: never compared with the new ones.
 _FORM: Final = 1
 
 
 def _token(key: Any) -> str | None:
     """One token per value a filter compares (``predicates.comparison_key``): equal keys give equal tokens;
-    ``None`` for a kind of value without an exact one (its column is then left out)."""
+    ``None`` for a kind of value without an exact one (its column is then left out). Every token is ASCII, so
+    that any value (a NUL, a lone surrogate, any database encoding) can be stored and compared as JSON."""
     if isinstance(key, tuple) and len(key) == 2 and key[0] == 0:   # a number: ints and doubles by value
         number = key[1]
         if isinstance(number, bool):
             return None
         if isinstance(number, int):
-            return f"n:{number}"
+            return f"n:{int(number)}"
         if isinstance(number, float) and math.isfinite(number):
-            return f"n:{int(number)}" if number.is_integer() else f"n:{number!r}"
+            return f"n:{int(number)}" if number.is_integer() else f"n:{float.__repr__(float(number))}"
         return None
     if isinstance(key, tuple) and key == (1, 0.0):   # NaN, equal to itself in a filter
         return "nan"
     if isinstance(key, bool):   # True == Decimal(1) in Python: a bool is compared as that number
-        return f"d:{int(key)}"
+        return _decimal_token(Decimal(int(key)))
     if isinstance(key, str):
-        return f"s:{key}"
+        return "s:" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
     if isinstance(key, Decimal):
-        if not key.is_finite():
-            return None
-        return "d:0" if key.is_zero() else f"d:{key.normalize()}"
+        return _decimal_token(key) if key.is_finite() else None
     if isinstance(key, dt.datetime):
         return None   # naive and aware times, time zones: no token is worth the doubt
     if isinstance(key, dt.date):
@@ -70,9 +72,21 @@ def _token(key: Any) -> str | None:
     return None
 
 
-def reach_text(request: LeaseRequest, revision: int) -> str | None:
-    """The request's reach as the server compares it (JSON), made for its ``revision``; ``None`` when it may touch
-    any partition or has no column with exact tokens (it is then apart from nothing)."""
+def _decimal_token(value: Decimal) -> str:
+    """A finite decimal's exact value as digits without leading or trailing zeros and an exponent
+    (``Decimal.normalize`` would round to the context's precision, which differs between processes that set it)."""
+    sign, digits, exponent = value.as_tuple()
+    assert isinstance(exponent, int)
+    whole = "".join(map(str, digits)).lstrip("0")
+    if not whole:
+        return "d:0"
+    significant = whole.rstrip("0")
+    return f"d:{'-' if sign else ''}{significant}e{exponent + len(whole) - len(significant)}"
+
+
+def reach_of(request: LeaseRequest, revision: int) -> dict[str, Any] | None:
+    """The request's reach as the server compares it (stored as JSON), made for its ``revision``; ``None`` when it
+    may touch any partition or has no column with exact tokens (it is then apart from nothing)."""
     reach = request.reach
     if reach is None or reach.columns is None:
         return None
@@ -87,8 +101,7 @@ def reach_text(request: LeaseRequest, revision: int) -> str | None:
     if not columns:
         return None
     kind = json.dumps([_FORM, request.model, [list(c) for c in reach.layout]], separators=(",", ":"))
-    return json.dumps({"k": hashlib.sha256(kind.encode()).hexdigest(), "r": revision, "c": columns},
-                      separators=(",", ":"))
+    return {"k": hashlib.sha256(kind.encode()).hexdigest(), "r": revision, "c": columns}
 
 
 # -- the functions -------------------------------------------------------------------------------------------------
@@ -118,9 +131,12 @@ _BUMP = """
 #: answer (NULL) for a pool without a row, one whose writes did not all record their tables (a process of an
 #: older release), or one that holds a request with a writer limit (the limit counts every table's holders).
 #: ``now_`` is the injected clock, else the database's, never before the pool's last write.
-_LOCK_POOL = """
-    PERFORM set_config('lock_timeout', a_wait_ms::text, true);
+_LOCK_POOL = f"""
+    outer_lock_timeout := current_setting('lock_timeout');
+    {pg_statements.QUEUE_WAIT.replace("SELECT set_config", "PERFORM set_config", 1).replace(
+        "%(queue_wait_ms)s", "a_wait_ms")}
     PERFORM pg_advisory_xact_lock(a_queue_class, a_queue_key);
+    PERFORM set_config('lock_timeout', outer_lock_timeout, true);
     SELECT * INTO p FROM delta_occ_lease_pools WHERE name = a_pool FOR UPDATE;
     IF NOT FOUND OR p.tracked_seq IS DISTINCT FROM p.next_seq OR COALESCE(p.limited, true) THEN
         RETURN QUERY SELECT NULL::bigint, NULL::numeric, extract(epoch FROM clock_timestamp())::numeric;
@@ -138,20 +154,21 @@ DECLARE
     p record;
     now_ numeric;
     table_ text := a_table;
+    outer_lock_timeout text;
     mine jsonb := a_row::jsonb;
-    my_reach jsonb := (a_row::jsonb ->> 'reach')::jsonb;
+    my_reach jsonb := a_row::jsonb -> 'reach';
 BEGIN
 {_LOCK_POOL}
     IF my_reach IS NULL OR EXISTS (
         SELECT FROM delta_occ_leases AS l
         WHERE l.pool = a_pool AND l.table_key = a_table
           AND (l.owner = a_owner OR l.expires_at <= now_ OR l.max_writers IS NOT NULL OR l.reach IS NULL
-               OR (l.reach::jsonb ->> 'r')::bigint IS DISTINCT FROM l.revision::bigint
-               OR (l.reach::jsonb ->> 'k') IS DISTINCT FROM (my_reach ->> 'k')
+               OR (l.reach ->> 'r') IS DISTINCT FROM l.revision::text
+               OR (l.reach ->> 'k') IS DISTINCT FROM (my_reach ->> 'k')
                OR NOT EXISTS (
                    SELECT FROM jsonb_each(my_reach -> 'c') AS m(col, vals)
-                   WHERE (l.reach::jsonb -> 'c') ? m.col
-                     AND NOT ((l.reach::jsonb -> 'c' -> m.col) ?| ARRAY(SELECT jsonb_array_elements_text(m.vals))))))
+                   WHERE (l.reach -> 'c') ? m.col
+                     AND NOT ((l.reach -> 'c' -> m.col) ?| ARRAY(SELECT jsonb_array_elements_text(m.vals))))))
     THEN
         RETURN QUERY SELECT NULL::bigint, NULL::numeric, extract(epoch FROM clock_timestamp())::numeric;
         RETURN;
@@ -160,7 +177,7 @@ BEGIN
                                   max_writers, ttl, request, requested_at, granted_at, expires_at, blocker, reach)
     VALUES (mine ->> 'request_id', a_pool, a_table, a_owner, p.next_seq, 0, 'granted', mine ->> 'summary',
             mine ->> 'model', NULL, (mine ->> 'ttl')::double precision, mine ->> 'request', now_::double precision,
-            now_::double precision, (now_ + (mine ->> 'ttl')::numeric)::double precision, NULL, mine ->> 'reach');
+            now_::double precision, (now_ + (mine ->> 'ttl')::numeric)::double precision, NULL, my_reach);
     INSERT INTO delta_occ_lease_audit (at, pool, table_key, request_id, owner, kind, summary, detail)
     VALUES (now_::double precision, a_pool, a_table, mine ->> 'request_id', a_owner, 'request', mine ->> 'summary',
             a_detail),
@@ -179,6 +196,7 @@ RELEASE_BODY: Final = f"""
 DECLARE
     p record;
     r record;
+    outer_lock_timeout text;
     now_ numeric;
     table_ text;
 BEGIN

@@ -117,7 +117,7 @@ WITH bump AS (
         request_id text, pool text, table_key text, owner text, seq bigint, revision integer, status text,
         summary text, model text, max_writers integer, ttl double precision, request text,
         requested_at double precision, granted_at double precision, expires_at double precision, blocker text,
-        reach text)
+        reach jsonb)
     WHERE EXISTS (SELECT FROM bump)
 ), updated AS (
     UPDATE delta_occ_leases AS l
@@ -130,7 +130,7 @@ WITH bump AS (
     FROM jsonb_to_recordset(%(updates)s::jsonb) AS v(
         request_id text, status text, granted_at double precision, expires_at double precision, revision integer,
         summary text, blocker text, request text, model text, max_writers integer, ttl double precision,
-        reach text)
+        reach jsonb)
     WHERE l.request_id = v.request_id AND EXISTS (SELECT FROM bump)
 ), deleted AS (
     DELETE FROM delta_occ_leases WHERE request_id = ANY(%(deletes)s) AND EXISTS (SELECT FROM bump)
@@ -157,7 +157,7 @@ _STALL_LIMIT = """SELECT set_config('idle_in_transaction_session_timeout',
 #: would stop the wait sooner (its own ``lock_timeout``; half its ``statement_timeout`` or ``transaction_timeout``,
 #: so that the wait ends as a lock timeout, which the caller takes as "decide without the queue", and not as a
 #: cancelled statement or an ended session).
-_QUEUE_WAIT = """SELECT set_config('lock_timeout', (SELECT LEAST(%(queue_wait_ms)s,
+QUEUE_WAIT = """SELECT set_config('lock_timeout', (SELECT LEAST(%(queue_wait_ms)s,
         CASE WHEN t.lock_ms > 0 THEN t.lock_ms END, CASE WHEN t.statement_ms > 0 THEN t.statement_ms / 2 END,
         CASE WHEN t.transaction_ms > 0 THEN t.transaction_ms / 2 END)
     FROM (SELECT extract(epoch FROM current_setting('lock_timeout')::interval) * 1000 AS lock_ms,
@@ -194,7 +194,7 @@ QUEUE = f"""
 BEGIN ISOLATION LEVEL READ COMMITTED;
 {_STALL_LIMIT}
 SELECT set_config('delta_occ.outer_lock_timeout', current_setting('lock_timeout'), true);
-{_QUEUE_WAIT}
+{QUEUE_WAIT}
 SELECT pg_advisory_xact_lock(%(queue_class)s, %(queue_key)s);
 SELECT set_config('lock_timeout', current_setting('delta_occ.outer_lock_timeout'), true);
 {SNAPSHOT}"""

@@ -67,6 +67,10 @@ QUEUED = True
 #: every operation reads the pool first, as the release before did (a benchmark compares both in one run).
 AT_ONCE = True
 
+#: One-step calls the server refuses in a row (for another reason than a lost connection or a queue not let in)
+#: before a store stops making them.
+AT_ONCE_FAILURES = 3
+
 #: How many times an operation decides in its table's queue (``_transact_queued``) before it takes the pool's lock.
 QUEUED_TRIES = 3
 
@@ -115,7 +119,8 @@ leases_table = sa.Table(
     sa.Column("granted_at", sa.Float(53), nullable=True),
     sa.Column("expires_at", sa.Float(53), nullable=False),
     sa.Column("blocker", sa.Text, nullable=True),   # a waiter's remembered blocker (arbiter.Remembered), JSON
-    sa.Column("reach", sa.Text, nullable=True),     # its partitions as the server compares them (pg_at_once), JSON
+    # its partitions as the server compares them (``pg_at_once.reach_of``)
+    sa.Column("reach", sa.JSON().with_variant(JSONB(), "postgresql"), nullable=True),
     sa.Index("ix_delta_occ_leases_pool_seq", "pool", "seq"),
     sa.Index("ix_delta_occ_leases_table", "table_key"),
 )
@@ -178,6 +183,7 @@ class SqlLeaseStore(LeaseStore):
         #: PostgreSQL's one-step acquire and release (``pg_at_once``) as called, or ``None`` where their functions
         #: could not be made (or ``AT_ONCE`` is off): every operation then goes the usual way.
         self.at_once: tuple[str, str] | None = None
+        self._at_once_failures = 0   # one-step calls the server refused in a row (``_call_at_once``)
         with self._errors("create the lease tables"), self._transaction_block() as conn:
             if self.dialect == "postgresql":
                 conn.execute(sa.select(sa.func.pg_advisory_xact_lock(SCHEMA_LOCK_KEY)))
@@ -191,13 +197,13 @@ class SqlLeaseStore(LeaseStore):
                 self.at_once = (pg_at_once.call_acquire(schema), pg_at_once.call_release(schema))
 
     def _acquire_at_once(self, request: LeaseRequest) -> LeaseState | None:
-        """``LeaseStore._acquire_at_once`` on PostgreSQL: a request whose reach has tokens (``pg_at_once.reach_text``)
+        """``LeaseStore._acquire_at_once`` on PostgreSQL: a request whose reach has tokens (``pg_at_once.reach_of``)
         and no writer limit is offered to the acquire function, which grants it when every live request of its
         table is apart from it; otherwise (or when the call fails) the usual way decides."""
         if (self.at_once is None or not AT_ONCE or not OPTIMISTIC or request.max_writers is not None
                 or not self._queue_open(request.pool, request.table)):
             return None
-        reach = pg_at_once.reach_text(request, 0)
+        reach = pg_at_once.reach_of(request, 0)
         if reach is None:
             return None
         request_id = uuid.uuid4().hex
@@ -263,9 +269,19 @@ class SqlLeaseStore(LeaseStore):
                             "decides every operation the usual way from now on", _first_line(exc))
                 self.at_once = None
                 return None
-            raise self._failed(f"change pool {pool!r}", exc) from exc
+            # Anything else the server refused (a timeout of the role, a value it cannot take) rolled the call's
+            # one statement back: the usual way decides, and after a few such failures in a row this store
+            # stops calling.
+            self._at_once_failures += 1
+            log.warning("the lease store's one-step call failed (%s); the operation is decided the usual way%s",
+                        _first_line(exc), "" if self._at_once_failures < AT_ONCE_FAILURES else
+                        ", as every operation of this store is from now on")
+            if self._at_once_failures >= AT_ONCE_FAILURES:
+                self.at_once = None
+            return None
         except SQLAlchemyError as exc:
             raise self._failed(f"change pool {pool!r}", exc) from exc
+        self._at_once_failures = 0
         self._clock_offset = float(answer.db_now) - time.time()
         self.writes["at_once" if answer.applied is not None else "at_once_declined"] += 1
         return answer
@@ -825,7 +841,7 @@ _ADDED_COLUMNS = (("delta_occ_leases", "blocker", "TEXT"), ("delta_occ_lease_poo
                   ("delta_occ_lease_pools", "write_token", "VARCHAR(32)"),
                   ("delta_occ_lease_pools", "table_revs", "JSONB"), ("delta_occ_lease_pools", "tracked_seq", "BIGINT"),
                   ("delta_occ_lease_pools", "limited", "BOOLEAN"), ("delta_occ_lease_pools", "recent_tokens", "JSONB"),
-                  ("delta_occ_leases", "reach", "TEXT"))
+                  ("delta_occ_leases", "reach", "JSONB"))
 
 
 def _ensure_write_function(conn: Connection) -> str | None:
@@ -1119,7 +1135,7 @@ def _changed_values(row: Row) -> dict[str, Any]:
 def _replanned_values(row: Row) -> dict[str, Any]:
     """The columns a re-plan changes besides those: the new request and the terms kept beside it."""
     return {"request": row.request.json_text, "model": row.model, "max_writers": row.max_writers, "ttl": row.ttl,
-            "reach": pg_at_once.reach_text(row.request, row.revision)}
+            "reach": pg_at_once.reach_of(row.request, row.revision)}
 
 
 _CHANGED = ("status", "granted_at", "expires_at", "revision", "summary", "blocker")
@@ -1140,7 +1156,7 @@ def _values(row: Row) -> dict[str, Any]:
             "seq": record.seq, "revision": row.revision, "status": record.status.value, "summary": record.summary,
             "model": row.model, "max_writers": row.max_writers, "ttl": row.ttl, "request": row.request.json_text,
             "requested_at": record.requested_at, "granted_at": record.granted_at, "expires_at": record.expires_at,
-            "blocker": _remembered_text(row.remembered), "reach": pg_at_once.reach_text(row.request, row.revision)}
+            "blocker": _remembered_text(row.remembered), "reach": pg_at_once.reach_of(row.request, row.revision)}
 
 
 def _now_sql(dialect: str) -> Any:

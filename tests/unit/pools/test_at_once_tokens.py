@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
-import json
 import math
 from decimal import Decimal
 from typing import Any
@@ -26,6 +25,9 @@ VALUES: list[Any] = [
     Decimal("10"), Decimal("1E+1"), Decimal("1.5"), Decimal("NaN"), Decimal("Infinity"), "", "a", "A", "1", "n:1",
     dt.date(2024, 1, 1), dt.date(2024, 1, 2), dt.datetime(2024, 1, 1), dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
     dt.datetime(2024, 1, 1, 1, tzinfo=dt.timezone(dt.timedelta(hours=1))), b"x", b"",
+    Decimal("1234567890123456789012345678901234567"), Decimal("1234567890123456789012345678901234568"),
+    Decimal("12345678901234567890123456789012345670E-1"), Decimal("-0.000"), Decimal("-1.50"), Decimal("-15E-1"),
+    "a\x00", "a", "\ud800",
 ]
 
 
@@ -48,15 +50,32 @@ def test_times_and_unknown_kinds_get_no_token() -> None:
 
 
 def test_a_request_that_may_touch_any_partition_has_no_tokens(request_for: Request) -> None:  # noqa: F811
-    assert pg_at_once.reach_text(request_for("a", "OPTIMIZE", None), 0) is None
-    assert pg_at_once.reach_text(request_for("a", "UPDATE", "date = '2024-01-01' OR id = 7"), 0) is None
+    assert pg_at_once.reach_of(request_for("a", "OPTIMIZE", None), 0) is None
+    assert pg_at_once.reach_of(request_for("a", "UPDATE", "date = '2024-01-01' OR id = 7"), 0) is None
 
 
 def test_a_request_pinned_to_partitions_keeps_its_tokens_with_its_revision(request_for: Request) -> None:  # noqa: F811
     request: LeaseRequest = request_for("a", "UPDATE", "country IN ('DE', 'FR') AND date = '2024-01-01'")
-    text = pg_at_once.reach_text(request, 3)
-    assert text is not None
-    stored = json.loads(text)
-    assert stored["r"] == 3 and stored["c"] == {"0": ["D:2024-01-01"], "1": ["s:DE", "s:FR"]}
-    other = json.loads(pg_at_once.reach_text(request_for("b", "UPDATE", "country = 'IT'"), 0) or "{}")
-    assert other["k"] == stored["k"] and other["c"] == {"1": ["s:IT"]}
+    stored = pg_at_once.reach_of(request, 3)
+    assert stored is not None
+    de, fr, it = (pg_at_once._token(c) for c in ("DE", "FR", "IT"))
+    assert stored["r"] == 3 and stored["c"] == {"0": ["D:2024-01-01"], "1": sorted([de, fr])}
+    other = pg_at_once.reach_of(request_for("b", "UPDATE", "country = 'IT'"), 0)
+    assert other is not None and other["k"] == stored["k"] and other["c"] == {"1": [it]}
+
+
+def test_every_token_is_ascii_whatever_the_value() -> None:
+    """PostgreSQL's JSON takes no NUL, and a database need not be UTF-8: a token must be storable anywhere."""
+    for value in ("a\x00", "\ud800", "Zürich", "\u0000x", Decimal("-12.3400"), dt.date(2024, 2, 29), 7, -2.5):
+        token = pg_at_once._token(comparison_key(value))
+        assert token is not None and token.isascii() and "\x00" not in token
+
+
+def test_decimal_tokens_do_not_depend_on_the_context_precision() -> None:
+    import decimal
+
+    values = [Decimal("1234567890123456789012345678901234567"), Decimal("1234567890123456789012345678901234568")]
+    default = [pg_at_once._token(v) for v in values]
+    with decimal.localcontext(decimal.Context(prec=5)):
+        assert [pg_at_once._token(v) for v in values] == default
+    assert default[0] != default[1]

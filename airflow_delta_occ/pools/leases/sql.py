@@ -240,12 +240,13 @@ class SqlLeaseStore(LeaseStore):
 
     def _call_at_once(self, which: int, pool: str, table: str, params: dict[str, Any]) -> Any:
         """One call of a one-step function (0: acquire, 1: release); its answer, or ``None`` when the usual way must
-        decide: the call failed before it ran (its function gone: not called again by this store), or its
-        connection died (a write that landed is then found by the usual way: the owner's request is there, or
-        its lease is gone).
+        decide: the server refused the call (its one statement rolled back: the function gone, not called again by
+        this store; the table's queue not let in; any other error, three in a row stop the calls), or its
+        connection died (an acquire that landed is then found by the usual way, which finds the owner's request
+        there; a release that landed is told by its token, and answered as released).
 
         Raises:
-            LeaseStoreError: the database refused the call for another reason.
+            LeaseStoreError: SQLAlchemy failed before the database was asked (no connection could be made).
         """
         assert self.at_once is not None
         token = uuid.uuid4().hex

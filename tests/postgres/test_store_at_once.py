@@ -305,3 +305,18 @@ def test_a_function_dropped_under_a_running_store_sends_it_the_usual_way(
     assert one.acquire(request_for("w", "UPDATE", "country = 'DE'")).granted
     assert one.at_once is None and "one-step function is gone" in caplog.text
     assert [r.owner for r in other.holders(pool="sales")] == ["neighbour", "w"]
+
+
+def test_calls_the_server_refuses_go_the_usual_way_and_three_in_a_row_stop_them(
+        stores: tuple[SqlLeaseStore, SqlLeaseStore], request_for: Request, caplog: pytest.LogCaptureFixture) -> None:
+    one, other = stores
+    other.acquire(request_for("neighbour", "UPDATE", "country = 'FR'"))
+    assert one.at_once is not None
+    failing = "SELECT 1 / (%(wait_ms)s - %(wait_ms)s) AS applied, now() AS decided_at, now() AS db_now"
+    one.at_once = (failing, failing)   # a refusal with a code of the server's (division by zero)
+    for owner in ("a", "b"):
+        assert one.acquire(request_for(owner, "UPDATE", "country = 'DE'", table_key=f"t-{owner}")).granted
+        assert one.at_once is not None
+    assert one.acquire(request_for("c", "UPDATE", "country = 'DE'", table_key="t-c")).granted
+    assert one.at_once is None and "as every operation of this store is from now on" in caplog.text
+    assert sorted(r.owner for r in other.records(pool="sales")) == ["a", "b", "c", "neighbour"]

@@ -64,3 +64,21 @@ def test_a_holder_idle_through_a_restart_releases_at_once(server: PostgresServer
         monkeypatch.setattr(sql, "IDLE_PING_SECONDS", 0.0)   # as if idle for longer than the threshold
         holder.release(held.request_id, owner="a")
         assert waiter.poll(waiting.request_id, owner="b").status is LeaseStatus.GRANTED
+
+
+def test_one_step_calls_go_on_after_the_server_was_down(server: PostgresServer, request_for: Request,  # noqa: F811
+                                                        ) -> None:
+    """Review: calls that cannot reach the server are no refusals of it; three of them in a row must not turn the
+    one-step calls off for the rest of the process's life."""
+    from airflow_delta_occ.exceptions import LeaseStoreError
+
+    with SqlLeaseStore(server.url) as store:
+        store.acquire(request_for("first", "UPDATE", "country = 'FR'"))
+        server.crash()
+        for owner in ("a", "b", "c", "d"):
+            with pytest.raises(LeaseStoreError):
+                store.acquire(request_for(owner, "UPDATE", "country = 'DE'"))
+        server.restart()
+        assert store.at_once is not None
+        assert store.acquire(request_for("e", "UPDATE", "country = 'DE'")).granted
+        assert store.writes["at_once"] == 1

@@ -241,9 +241,9 @@ class SqlLeaseStore(LeaseStore):
     def _call_at_once(self, which: int, pool: str, table: str, params: dict[str, Any]) -> Any:
         """One call of a one-step function (0: acquire, 1: release); its answer, or ``None`` when the usual way must
         decide: the server refused the call (its one statement rolled back: the function gone, not called again by
-        this store; the table's queue not let in; any other error, three in a row stop the calls), or its
-        connection died (an acquire that landed is then found by the usual way, which finds the owner's request
-        there; a release that landed is told by its token, and answered as released).
+        this store; the table's queue not let in; any other refusal, three in a row stop the calls), could not be
+        reached, or the connection died (an acquire that landed is then found by the usual way, which finds the
+        owner's request there; a release that landed is told by its token, and answered as released).
 
         Raises:
             LeaseStoreError: SQLAlchemy failed before the database was asked (no connection could be made).
@@ -270,6 +270,8 @@ class SqlLeaseStore(LeaseStore):
                             "decides every operation the usual way from now on", _first_line(exc))
                 self.at_once = None
                 return None
+            if getattr(exc.orig, "pgcode", None) is None:   # no answer from the server (it is down, say)
+                return None   # the usual way decides, and reports what it finds
             # Anything else the server refused (a timeout of the role, a value it cannot take) rolled the call's
             # one statement back: the usual way decides, and after a few such failures in a row this store
             # stops calling.

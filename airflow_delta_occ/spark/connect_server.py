@@ -20,8 +20,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,10 +90,19 @@ def launcher_env(logs: Path, base: Mapping[str, str] | None = None) -> dict[str,
             "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_ports(count: int, *, besides: Collection[int | None] = ()) -> list[int]:
+    """``count`` distinct ports free on 127.0.0.1 now, none of ``besides``. The sockets stay bound until every
+    port is picked: two picked one after the other can be one port (the kernel hands out again a port just let
+    go), and a Connect server whose UI got its gRPC port failed to start (seen in CI)."""
+    with ExitStack() as stack:
+        found: list[int] = []
+        while len(found) < count:
+            s = stack.enter_context(socket.socket())
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+            if port not in besides:
+                found.append(port)
+        return found
 
 
 @contextmanager
@@ -113,9 +122,10 @@ def local_connect_server(logs: Path, conf: Mapping[str, str], *, master: str = "
         ConnectServerError: it exited, or did not log that it started within ``startup_seconds``.
     """
     logs.mkdir(parents=True, exist_ok=True)
-    port = port or _free_port()
+    spare = iter(free_ports(2, besides=(port, ui_port)))
+    port = port or next(spare)
     ui_on = str(conf.get("spark.ui.enabled", "true")).lower() != "false"
-    ui_port = (ui_port or _free_port()) if ui_on else None
+    ui_port = (ui_port or next(spare)) if ui_on else None
     settings = {**conf, "spark.connect.grpc.binding.address": "127.0.0.1", "spark.connect.grpc.binding.port": str(port),
                 **({"spark.ui.port": str(ui_port)} if ui_port is not None else {})}
     args = [str(spark_home() / "bin" / "spark-submit"), "--class", SERVER_CLASS, "--master", master]

@@ -97,14 +97,20 @@ def test_a_one_step_grant_is_stored_and_audited_as_the_usual_way_stores_it(
     assert events[2].detail.startswith("held ") and events[2].detail.endswith(" s; stopped early by version 7")
 
 
+@pytest.mark.parametrize("table_key", ["t", "*", "$.a[*] ? (@ == 1)", "t'; DROP TABLE delta_occ_leases; --",
+                                       "${spark.x} %(pool)s %s"])
 def test_a_view_remembered_before_a_one_step_grant_is_not_decided_on(
-        stores: tuple[SqlLeaseStore, SqlLeaseStore], request_for: Request, monkeypatch: pytest.MonkeyPatch) -> None:
+        stores: tuple[SqlLeaseStore, SqlLeaseStore], request_for: Request, monkeypatch: pytest.MonkeyPatch,
+        table_key: str) -> None:
+    """Also with table keys that mean something to the pool row's per-table map (``*``: every table), to jsonpath,
+    to SQL or to a driver's placeholders: each is the table's name, and the one-step write moves that table."""
     one, other = stores
-    other.acquire(request_for("neighbour", "UPDATE", "country = 'FR'"))   # ``other`` remembers the pool so
-    granted = one.acquire(request_for("w", "UPDATE", "country = 'DE'"))
+    other.acquire(request_for("neighbour", "UPDATE", "country = 'FR'", table_key=table_key))   # remembered so
+    granted = one.acquire(request_for("w", "UPDATE", "country = 'DE'", table_key=table_key))
     assert one.writes["at_once"] == 1
+    assert [r.table for r in other.records(pool="sales")] == [table_key, table_key]
     monkeypatch.setattr(sql, "AT_ONCE", False)   # ``other`` decides on its remembered view, which lacks ``w``
-    late = other.acquire(request_for("late", "UPDATE", "country = 'DE'"))
+    late = other.acquire(request_for("late", "UPDATE", "country = 'DE'", table_key=table_key))
     assert late.status is LeaseStatus.WAITING and late.blockers[0].request_id == granted.request_id
     assert other.writes["missed"] >= 1   # its write on the old view did not land
 

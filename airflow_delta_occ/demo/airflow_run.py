@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,7 +21,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ..spark.connect_server import free_ports
 from .metadata import query
 
 #: How often the demo polls Airflow, and how long it stays quiet when nothing changes.
@@ -34,7 +34,9 @@ Progress = Callable[[str], None]
 
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now (for servers started by the demo and the tests)."""
-    return free_ports(1)[0]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def airflow_env(home: Path, dags_folder: Path | str, **settings: str) -> dict[str, str]:
@@ -44,7 +46,7 @@ def airflow_env(home: Path, dags_folder: Path | str, **settings: str) -> dict[st
     can run side by side; ``settings`` adds or overrides variables (``AIRFLOW__CORE__PARALLELISM``).
     """
     bin_dir = str(Path(sys.executable).parent)
-    api_port, worker_log_port, trigger_log_port = free_ports(3)   # together: one after the other may repeat
+    api_port = free_port()
     return {
         **os.environ,
         "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -54,8 +56,8 @@ def airflow_env(home: Path, dags_folder: Path | str, **settings: str) -> dict[st
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
         "AIRFLOW__API__PORT": str(api_port),
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://localhost:{api_port}/execution/",
-        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(worker_log_port),
-        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(trigger_log_port),
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
         **settings,
     }
 

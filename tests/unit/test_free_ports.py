@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import socket
-from pathlib import Path
 
 import pytest
 
@@ -25,13 +24,3 @@ def test_ports_picked_together_are_distinct_and_free() -> None:
 def test_ports_already_chosen_are_never_picked() -> None:
     taken = free_ports(1)[0]
     assert all(taken not in free_ports(2, besides=(taken, None)) for _ in range(50))
-
-
-def test_an_airflow_installation_gets_three_distinct_ports(tmp_path: Path) -> None:
-    from airflow_delta_occ.demo.airflow_run import airflow_env
-
-    for _ in range(100):
-        env = airflow_env(tmp_path, tmp_path)
-        ports = {env[f"AIRFLOW__{key}"] for key in ("API__PORT", "LOGGING__WORKER_LOG_SERVER_PORT",
-                                                     "LOGGING__TRIGGER_LOG_SERVER_PORT")}
-        assert len(ports) == 3

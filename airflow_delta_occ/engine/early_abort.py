@@ -23,6 +23,12 @@ the job is certain to make, and only says "doomed" when even that one fails:
   commits that id alone (measured: such an UPDATE matching no row committed a version without a file
   action). Neither is the smallest commit above. The caller says whether the job is certain to commit a
   file (``RunningCommit.commits``); without that certainty the answer is always "keep running".
+* **A compaction forgives.** delta-spark's OPTIMIZE commits again after a conflict while every file it rewrites
+  is still in the table (``OptimizeExecutor.commitAndRetry``), so a winning metadata change or append never
+  fails it. Its certain reads are the files its bin packing is certain to rewrite (``compaction``), and it is
+  doomed only once one of them is gone from the table (removed, or given a new deletion vector) by a winner
+  that also fails its first attempt; Delta then raises that attempt's exception. Only a later commit that
+  puts back the very file (a RESTORE) could still let it commit: early abort does not wait for one.
 * **Which commits won.** Those after the version the job's transaction read. The caller must know that
   version exactly (``RunningCommit.read_version``): a commit that landed before the job's transaction
   read the log is in its snapshot, not a winner, and judging it would abort a job that commits.
@@ -38,7 +44,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
-from .actions import Action, AddFile
+from .actions import Action, AddFile, FileKey
+from .compaction import CompactionSettings, surely_compacted
 from .conflicts import (
     DATA_CHANGING_OPERATIONS,
     PartitionSchema,
@@ -50,7 +57,7 @@ from .conflicts import (
 )
 from .errors import ConflictKind, DeltaConcurrentModificationException
 from .expressions import TRUE, Column, Expr, has_unknown, references, split_conjuncts, walk
-from .planner import DELTA_OPERATION_NAMES, Operation, TableState, adds_files, changes_data, planned_read
+from .planner import COMPACTIONS, DELTA_OPERATION_NAMES, Operation, TableState, adds_files, changes_data, planned_read
 from .predicates import evaluate_partition
 from .snapshot import Commit, Snapshot
 from .sql_parser import parse_predicate
@@ -76,6 +83,7 @@ class RunningCommit:
     read_whole_table: bool
     certain_reads: Mapping[str, Mapping[str, str | None]]
     commits: bool
+    rewrites: frozenset[FileKey] = frozenset()   # a compaction's certain files: only their loss fails it
 
     @property
     def read_version(self) -> int:
@@ -116,17 +124,31 @@ def commits_show_at_once(snapshot: Snapshot) -> bool:
 
 def running_commit(snapshot: Snapshot, operation: Operation | str, predicate: str | Expr | None = None, *,
                    commits: bool, label: str | None = None, target_alias: str | None = None,
-                   reads_whole_table: bool = False) -> RunningCommit:
+                   reads_whole_table: bool = False, compaction: CompactionSettings | None = None) -> RunningCommit:
     """The smallest commit a job running ``operation`` with ``predicate`` on ``snapshot`` is certain to make.
 
     ``snapshot`` must be the version the job's transaction read. ``commits`` says whether the job is
     certain to commit (see the module's docstring); ``predicate``, ``target_alias`` and
     ``reads_whole_table`` mean what they mean to ``planner.plan_footprint``. On a table whose commits do not
     show at once (``commits_show_at_once``) the job counts as not certain to commit: never doomed.
+
+    A compaction (OPTIMIZE) commits and reads what its bin packing is certain of under ``compaction`` (the
+    session's settings, ``compaction.surely_compacted``), whatever ``commits`` says; without settings it counts
+    as not certain to commit.
     """
     commits = commits and commits_show_at_once(snapshot)
     op = Operation(operation)
     read = planned_read(snapshot, op, predicate, target_alias=target_alias, reads_whole_table=reads_whole_table)
+    if op in COMPACTIONS:
+        plan = None
+        if compaction is not None and op in (Operation.OPTIMIZE, Operation.OPTIMIZE_ZORDER):
+            plan = surely_compacted(snapshot, read, compaction, zorder=op is Operation.OPTIMIZE_ZORDER)
+        return RunningCommit(table=TableState.of(snapshot), operation=op, label=label or op.value,
+                             read_predicate=read, read_whole_table=False,
+                             certain_reads=MappingProxyType({f.path: f.partition_values for f in plan.files}
+                                                            if plan is not None else {}),
+                             commits=commits_show_at_once(snapshot) and plan is not None and plan.commits,
+                             rewrites=plan.keys if plan is not None else frozenset())
     reads: dict[str, Mapping[str, str | None]] = {}
     if read is not None and op in _FILTER_READS:
         if reads_whole_table:
@@ -163,19 +185,39 @@ class CommitJudge:
             read_files=running.certain_reads, read_whole_table=running.read_whole_table,
         )
         self.found: CertainConflict | None = None
+        self._first_failure: DeltaConcurrentModificationException | None = None   # a compaction's first attempt
+        self._gone: set[FileKey] = set()   # files a compaction rewrites that the winners took out of the table
 
     def judge(self, commit: Commit) -> CertainConflict | None:
         """The verdict once ``commit`` (the next winner) is in: the first certain conflict so far, or ``None``:
         keep running. After a conflict the verdict stands, whatever lands next."""
         if self.found is not None or not self.running.commits or commit.version <= self.running.read_version:
             return self.found
-        winner = WinningCommit.of(commit)
-        winner = replace(winner, added=tuple(a for a in winner.added
-                                             if self._schema.typed(a.partition_values) is not None))
+        whole = WinningCommit.of(commit)
+        winner = replace(whole, added=tuple(a for a in whole.added
+                                            if self._schema.typed(a.partition_values) is not None))
+        if self.running.rewrites:
+            return self._judge_compaction(commit.version, whole, winner)
         try:
             self._pending = check_winning_commit(self._pending, winner, self._level)
         except DeltaConcurrentModificationException as exc:
             self.found = CertainConflict(version=commit.version, operation=winner.operation, exception=exc)
+        return self.found
+
+    def _judge_compaction(self, version: int, whole: WinningCommit, winner: WinningCommit) -> CertainConflict | None:
+        """A compaction's first commit attempt fails as any job's does; it is doomed once that attempt fails and a
+        file it rewrites is no longer in the table (its retry then gives up with that attempt's exception). A file
+        removed and put back (same path and deletion vector, in this commit or a later one) is in the table again."""
+        if self._first_failure is None:
+            try:
+                self._pending = check_winning_commit(self._pending, winner, self._level)
+            except DeltaConcurrentModificationException as exc:
+                self._first_failure = exc
+        rewrites = self.running.rewrites
+        self._gone.update(r.key for r in whole.removed if r.key in rewrites)
+        self._gone.difference_update(a.key for a in whole.added)
+        if self._first_failure is not None and self._gone:
+            self.found = CertainConflict(version=version, operation=winner.operation, exception=self._first_failure)
         return self.found
 
 

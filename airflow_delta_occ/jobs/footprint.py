@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from airflow_delta_occ.engine.compaction import CompactionSettings
 from airflow_delta_occ.engine.early_abort import RunningCommit, running_commit
 from airflow_delta_occ.engine.expressions import Expr, has_unknown
 from airflow_delta_occ.engine.planner import Footprint, Operation, plan_footprint, planned_read
@@ -119,13 +120,14 @@ def _reads_whole_table(spec: JobSpec, op: Operation) -> bool:
     return op is Operation.MERGE and any(c.kind.by_source for c in spec.clauses)
 
 
-def running_commit_of(spec: JobSpec, snapshot: Snapshot, *, commits: bool) -> RunningCommit:
+def running_commit_of(spec: JobSpec, snapshot: Snapshot, *, commits: bool,
+                      compaction: CompactionSettings | None = None) -> RunningCommit:
     """The smallest commit ``spec`` is certain to make when its transaction read ``snapshot`` (early abort's
-    judge; ``commits`` as ``commit_certainty`` says)."""
+    judge; ``commits`` as ``commit_certainty`` says; an OPTIMIZE's from its session's ``compaction`` settings)."""
     op = engine_operation(spec)
     return running_commit(snapshot, op, _predicate(spec, op), commits=commits,
                           label=f"{spec.operation} {spec.run.task_id}", target_alias=_alias(spec, op),
-                          reads_whole_table=_reads_whole_table(spec, op))
+                          reads_whole_table=_reads_whole_table(spec, op), compaction=compaction)
 
 
 class CommitCertainty(Enum):
@@ -133,6 +135,7 @@ class CommitCertainty(Enum):
 
     CERTAIN = "certain"
     IF_A_ROW_MATCHES = "if a row of the target meets its condition at the version its transaction reads"
+    IF_IT_SURELY_REWRITES = "if its bin packing surely rewrites files holding a row at the version it reads"
     UNKNOWN = "unknown"
 
 
@@ -153,8 +156,10 @@ def commit_certainty(spec: JobSpec, source_has_rows: bool | None) -> CommitCerta
     such a condition is deterministic, so a row that meets it in one query meets it in the statement, where a
     function call (even one Spark calls deterministic, or a catalog function) could answer differently.
 
-    A compaction may find nothing to rewrite: ``UNKNOWN``. (A re-run of a task run whose earlier try committed
-    writes nothing either: the watch checks the log for that, ``spark.early_abort``.)
+    A compaction may find nothing to rewrite: certain ``IF_IT_SURELY_REWRITES`` files holding a row at the version
+    it reads, which the log tells with the session's settings (``engine.compaction.surely_compacted``). (A re-run
+    of a task run whose earlier try committed writes nothing either: the watch checks the log for that,
+    ``spark.early_abort``.)
     """
     rows = source_has_rows is True
     if spec.operation in (JobOperation.APPEND, JobOperation.OVERWRITE_PARTITIONS):
@@ -167,6 +172,8 @@ def commit_certainty(spec: JobSpec, source_has_rows: bool | None) -> CommitCerta
     if spec.operation in (JobOperation.UPDATE, JobOperation.DELETE) \
             and (spec.condition is None or not has_unknown(spec.condition)):
         return CommitCertainty.IF_A_ROW_MATCHES
+    if spec.operation is JobOperation.OPTIMIZE:
+        return CommitCertainty.IF_IT_SURELY_REWRITES
     return CommitCertainty.UNKNOWN
 
 

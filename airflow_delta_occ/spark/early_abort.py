@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from airflow_delta_occ.engine.compaction import CompactionSettings, surely_compacted
 from airflow_delta_occ.engine.early_abort import CertainConflict, CommitJudge, RunningCommit, commits_show_at_once
 from airflow_delta_occ.engine.expressions import TRUE
 from airflow_delta_occ.engine.snapshot import Commit, DeltaLog, Snapshot
@@ -412,7 +413,20 @@ class EarlyAbort:
                      "new transaction when its materialised source is lost (%s; set it to 1 on the server)",
                      MATERIALIZED_SOURCE_ATTEMPTS)
             return None, None
-        running = running_commit_of(self.spec, snapshot, commits=True)
+        compaction = None
+        if self.certainty is CommitCertainty.IF_IT_SURELY_REWRITES:
+            compaction = compaction_settings(session)
+        running = running_commit_of(self.spec, snapshot, commits=True, compaction=compaction)
+        if compaction is not None and not running.commits:
+            plan = surely_compacted(snapshot, running.read_predicate, compaction, zorder=bool(self.spec.zorder_by))
+            log.info("Early abort does not watch this optimize: %s at version %d, so it may commit nothing, and such a "
+                     "commit is left to Delta's own check", plan.why_not or "the files it surely rewrites hold no row "
+                     "known from the log's statistics", snapshot.version)
+            return None, None
+        if compaction is not None:
+            log.info("Early abort watches this optimize: it surely rewrites %d file(s) at version %d; a commit that "
+                     "takes one of them out of the table dooms it (delta-spark's OPTIMIZE retries any other conflict)",
+                     len(running.rewrites), snapshot.version)
         return AttemptWatch(table_log, running, work, self.watch.interval, own=self._own), work
 
     def _committed_already(self, snapshot: Snapshot) -> bool:
@@ -474,6 +488,24 @@ class EarlyAbort:
     def _committed(self, watcher: AttemptWatch) -> bool:
         """Whether the log holds a commit of this task run after the version the attempt read."""
         return any(self._own(c) for c in watcher.log.commits_after(watcher.report.read_version))
+
+
+_NOT_SET = "\u0000delta-occ: not set"
+
+
+def compaction_settings(session: Any) -> CompactionSettings:
+    """The settings an OPTIMIZE run in ``session`` picks its files by: each one the session sets, else
+    delta-spark's default. A setting that cannot be read raises (the watch is then off for the attempt): a wrong
+    guess of a size could count a file as certain that delta-spark leaves alone.
+
+    Raises:
+        InvalidCommitError: a value delta-spark would not accept either.
+    """
+    def get(key: str) -> str | None:
+        value = session.conf.get(key, _NOT_SET)   # the session's own value, or ours: never the entry's default
+        return None if value is None or value == _NOT_SET else str(value)
+
+    return CompactionSettings.from_conf(get)
 
 
 def _stopped_early(report: WatchReport) -> JobStoppedEarly:

@@ -70,8 +70,8 @@ def metadata(partition_columns: Sequence[str] = ("date", "country"), configurati
 
 
 def add(path: str, partition: dict[str, str | None] | None = None, *, stats: dict[str, Any] | None = None,
-        dv: dict[str, Any] | None = None, data_change: bool = True) -> dict[str, Any]:
-    a: dict[str, Any] = {"path": path, "partitionValues": partition or {}, "size": 100,
+        dv: dict[str, Any] | None = None, data_change: bool = True, size: int = 100) -> dict[str, Any]:
+    a: dict[str, Any] = {"path": path, "partitionValues": partition or {}, "size": size,
                          "modificationTime": 1700000000000, "dataChange": data_change}
     if stats is not None:
         a["stats"] = json.dumps(stats)

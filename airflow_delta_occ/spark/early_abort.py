@@ -490,20 +490,19 @@ class EarlyAbort:
         return any(self._own(c) for c in watcher.log.commits_after(watcher.report.read_version))
 
 
-_NOT_SET = "\u0000delta-occ: not set"
-
-
 def compaction_settings(session: Any) -> CompactionSettings:
-    """The settings an OPTIMIZE run in ``session`` picks its files by: each one the session sets, else
-    delta-spark's default. A setting that cannot be read raises (the watch is then off for the attempt): a wrong
+    """The settings an OPTIMIZE run in ``session`` picks its files by: each one the session sets (a cluster's
+    defaults included), else delta-spark's default. ``conf.get(key, None)`` gives the session's own value or
+    ``None``, whether or not delta-spark has registered the setting yet (measured, delta-spark 4.4: ``get(key)``
+    raises before it has). A setting that cannot be read raises, and the watch is off for the attempt: a wrong
     guess of a size could count a file as certain that delta-spark leaves alone.
 
     Raises:
         InvalidCommitError: a value delta-spark would not accept either.
     """
     def get(key: str) -> str | None:
-        value = session.conf.get(key, _NOT_SET)   # the session's own value, or ours: never the entry's default
-        return None if value is None or value == _NOT_SET else str(value)
+        value = session.conf.get(key, None)
+        return None if value is None else str(value)
 
     return CompactionSettings.from_conf(get)
 

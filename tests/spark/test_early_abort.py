@@ -8,6 +8,9 @@ while it runs.
 
 * An UPDATE (certain to commit only once a row at its read version meets its condition) is stopped the same
   way, the row shown by the log's statistics; one that matches no row (Spark asked) is not watched.
+* An OPTIMIZE of p=1 (four small files: its bin packing surely rewrites them all) is stopped when a commit takes
+  its files out of the table, and never stopped by a metadata change, which fails its first commit attempt but
+  not its retry (delta-spark's OPTIMIZE commits again while its files are all still there).
 
 Every mode is watched: the doomed MERGE runs over Spark Connect (the tier's shared server) and through
 spark-submit (the driver watches, reading the log through its Hadoop file system), the doomed UPDATE embedded.
@@ -29,7 +32,12 @@ import pytest
 
 from airflow_delta_occ.engine import DeltaLog
 from airflow_delta_occ.engine.log_segment import commit_file_name
-from airflow_delta_occ.operators.delta import DeltaBaseOperator, DeltaMergeOperator, DeltaUpdateOperator
+from airflow_delta_occ.operators.delta import (
+    DeltaBaseOperator,
+    DeltaMergeOperator,
+    DeltaOptimizeOperator,
+    DeltaUpdateOperator,
+)
 
 from .jobs import context, delta_conn
 
@@ -113,10 +121,11 @@ def _update(table: str, where: str, partition: int) -> DeltaUpdateOperator:
         early_abort=True, early_abort_interval=INTERVAL)
 
 
-def _race(spark: Any, table: str, job: DeltaBaseOperator, other_partition: int, lines: TaskLog
+def _race(spark: Any, table: str, job: DeltaBaseOperator, other_partition: int | str, lines: TaskLog
           ) -> tuple[dict[str, Any], int, float]:
-    """Run the job in a thread; once its watch judges, commit one row into ``other_partition`` from another
-    session. Returns the job's result, the other commit's version and when its commit file was written."""
+    """Run the job in a thread; once its watch judges, commit one row into ``other_partition`` (or run that
+    statement) from another session. Returns the job's result, the other commit's version and when its commit
+    file was written."""
     done: dict[str, Any] = {}
 
     def run() -> None:
@@ -131,7 +140,9 @@ def _race(spark: Any, table: str, job: DeltaBaseOperator, other_partition: int, 
     while not any("Early abort judges this attempt" in line for _, line in lines()):
         assert merge.is_alive() and time.monotonic() < deadline, f"the watch never judged: {done}"
         time.sleep(0.05)
-    spark.newSession().sql(f"INSERT INTO delta.`{table}` VALUES (-4242, {other_partition}, 0)").collect()
+    statement = other_partition if isinstance(other_partition, str) else \
+        f"INSERT INTO delta.`{table}` VALUES (-4242, {other_partition}, 0)"
+    spark.newSession().sql(statement).collect()
     version = DeltaLog.for_table(table).latest_version()
     landed = os.path.getmtime(os.path.join(table, "_delta_log", commit_file_name(version)))
     merge.join(300)
@@ -210,3 +221,42 @@ def test_an_update_that_matches_no_row_is_not_watched(table: str, caplog: Any) -
     assert any("Early abort does not watch this update: no row meets its condition" in r.getMessage()
                and "asked of Spark" in r.getMessage() for r in caplog.records)
     assert not any("Early abort judges this attempt" in r.getMessage() for r in caplog.records)
+
+
+def _optimize(table: str) -> DeltaOptimizeOperator:
+    return DeltaOptimizeOperator(
+        task_id="optimize_p1", table=table, partitions={"p": 1}, early_abort=True, early_abort_interval=INTERVAL)
+
+
+def test_an_optimize_whose_files_are_deleted_is_stopped_early(spark: Any, table: str, task_log: TaskLog) -> None:
+    before = DeltaLog.for_table(table).latest_version()
+    result, other, landed = _race(spark, table, _optimize(table), f"DELETE FROM delta.`{table}` WHERE p = 1", task_log)
+
+    assert any("Early abort watches this optimize: it surely rewrites 4 file(s)" in line for _, line in task_log())
+    stopped = result["conflicts"][0]
+    assert stopped["early"] and stopped["kind"] == "ConcurrentDeleteReadException", result["conflicts"]
+    assert stopped["winning_version"] == other and stopped["winning_operation"] == "DELETE"
+    assert stopped["action"] == "skip" and result["attempts"] == 1   # a compaction that lost its files: done
+    _assert_cancelled_in_time(task_log, landed)
+    # Nothing of the stopped attempt was committed.
+    after = DeltaLog.for_table(table).commits_after(before)
+    assert [c.commit_info.operation for c in after] == ["DELETE"]   # type: ignore[union-attr]
+    got = spark.sql(f"SELECT p, count(*) AS n FROM delta.`{table}` GROUP BY p ORDER BY p").collect()
+    assert [tuple(r) for r in got] == [(2, 1)]
+
+
+def test_an_optimize_is_never_stopped_by_a_change_its_retry_forgives(spark: Any, table: str,
+                                                                     task_log: TaskLog) -> None:
+    """A table property set while the OPTIMIZE runs fails its first commit attempt (MetadataChangedException),
+    and delta-spark's OPTIMIZE then commits again, its files all still there: early abort must let it."""
+    before = DeltaLog.for_table(table).latest_version()
+    result, other, _ = _race(spark, table, _optimize(table),
+                             f"ALTER TABLE delta.`{table}` SET TBLPROPERTIES ('team' = 'compaction-test')", task_log)
+
+    assert result["attempts"] == 1 and result["conflicts"] == [] and result["version"] == other + 1, result
+    assert not [line for _, line in task_log() if "Early abort: version" in line]
+    watched = [line for _, line in task_log() if line.startswith("Early abort watched")]
+    assert watched and "1 commit(s) landed" in watched[0], watched
+    after = DeltaLog.for_table(table).commits_after(before)
+    assert [c.commit_info.operation for c in after] == ["SET TBLPROPERTIES", "OPTIMIZE"]   # type: ignore[union-attr]
+    assert len(DeltaLog.for_table(table).snapshot().files()) == 2   # p=1 compacted into one file, p=2's one

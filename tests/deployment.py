@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from airflow_delta_occ.demo.airflow_run import free_port, stop_process_group
+from airflow_delta_occ.demo.airflow_run import stop_process_group
+from airflow_delta_occ.ports import free_port, free_ports
 
 from .pg import PostgresServer
 from .servers import airflow_api_answers
@@ -120,7 +121,9 @@ class CeleryDeployment:
             stdout=open(self.logs / "redis.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
         metadata_url = self.postgres.create_database(self.database)
         self.metadata_dsn = dict(host="127.0.0.1", port=self.postgres.port, user="delta_occ", dbname=self.database)
-        self.api_port = free_port()
+        # Every port of the deployment picked together (picked one by one, two could be one port).
+        ports = iter(free_ports(1 + 3 * self.host_count))
+        self.api_port = next(ports)
         shared = {
             **self.settings,
             "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
@@ -146,9 +149,9 @@ class CeleryDeployment:
             home = self.work / f"host-{name}"
             home.mkdir(parents=True, exist_ok=True)
             env = {**os.environ, **shared, "AIRFLOW_HOME": str(home),
-                   "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
-                   "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
-                   "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_PORT": str(free_port())}
+                   "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(next(ports)),
+                   "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(next(ports)),
+                   "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_PORT": str(next(ports))}
             self.hosts.append(Host(name, home, env))
         self.cli("db", "migrate", timeout=600)
         for host in self.hosts:

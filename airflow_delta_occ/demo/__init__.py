@@ -11,7 +11,9 @@ throwaway Airflow) and ``metadata`` (reading its SQLite database) serve the test
 
 from __future__ import annotations
 
-from .airflow_run import DagRunOutcome, airflow_cli, airflow_env, free_port, run_dag, standalone
+from airflow_delta_occ.ports import free_port
+
+from .airflow_run import DagRunOutcome, airflow_cli, airflow_env, run_dag, standalone
 from .scenario import DemoRun, check_dags_folder, run_demo
 from .spark_server import SPARK_MODES, DemoSpark, demo_spark
 

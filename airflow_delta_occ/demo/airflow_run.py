@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from airflow_delta_occ.ports import free_ports
 
 from .metadata import query
 
@@ -32,13 +33,6 @@ IMPORT_ERROR_GRACE_SECONDS = 30.0
 Progress = Callable[[str], None]
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (for servers started by the demo and the tests)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def airflow_env(home: Path, dags_folder: Path | str, **settings: str) -> dict[str, str]:
     """Environment of a throwaway Airflow installation in ``home`` running the LocalExecutor.
 
@@ -46,7 +40,7 @@ def airflow_env(home: Path, dags_folder: Path | str, **settings: str) -> dict[st
     can run side by side; ``settings`` adds or overrides variables (``AIRFLOW__CORE__PARALLELISM``).
     """
     bin_dir = str(Path(sys.executable).parent)
-    api_port = free_port()
+    api_port, worker_logs, trigger_logs = free_ports(3)   # together: picked one by one, two could be one port
     return {
         **os.environ,
         "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -56,8 +50,8 @@ def airflow_env(home: Path, dags_folder: Path | str, **settings: str) -> dict[st
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
         "AIRFLOW__API__PORT": str(api_port),
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://localhost:{api_port}/execution/",
-        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
-        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(worker_logs),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(trigger_logs),
         **settings,
     }
 

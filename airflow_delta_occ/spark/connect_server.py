@@ -16,15 +16,16 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Collection, Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from airflow_delta_occ.ports import free_ports
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 #: What the server logs once its gRPC endpoint is up.
@@ -88,21 +89,6 @@ def launcher_env(logs: Path, base: Mapping[str, str] | None = None) -> dict[str,
     return {**base, "SPARK_HOME": str(spark_home()), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(logs),
             "SPARK_WORKER_DIR": str(logs), "PATH": f"{bin_dir}{os.pathsep}{base.get('PATH', '')}",
             "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-
-
-def free_ports(count: int, *, besides: Collection[int | None] = ()) -> list[int]:
-    """``count`` distinct ports free on 127.0.0.1 now, none of ``besides``. The sockets stay bound until every
-    port is picked: two picked one after the other can be one port (the kernel hands out again a port just let
-    go), and a Connect server whose UI got its gRPC port failed to start (seen in CI)."""
-    with ExitStack() as stack:
-        found: list[int] = []
-        while len(found) < count:
-            s = stack.enter_context(socket.socket())
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-            if port not in besides:
-                found.append(port)
-        return found
 
 
 @contextmanager

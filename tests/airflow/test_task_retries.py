@@ -31,10 +31,11 @@ from urllib.parse import unquote
 
 import pytest
 
-from airflow_delta_occ.demo.airflow_run import free_port, stop_process_group
+from airflow_delta_occ.demo.airflow_run import stop_process_group
 from airflow_delta_occ.demo.metadata import query as _query
 from airflow_delta_occ.demo.metadata import xcom
 from airflow_delta_occ.engine import DeltaLog
+from airflow_delta_occ.ports import free_ports
 
 from ..servers import airflow_api_answers, wait_for
 from ..spark.differential.harness import gate_jar
@@ -143,7 +144,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     work = tmp_path_factory.mktemp("task_retries")
     home, lake = work / "airflow", work / "lake"
     home.mkdir()
-    api_port = free_port()
+    api_port, worker_logs, trigger_logs = free_ports(3)
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -155,8 +156,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         "AIRFLOW__CORE__PARALLELISM": "2",
         "AIRFLOW__API__PORT": str(api_port),
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://localhost:{api_port}/execution/",
-        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
-        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(worker_logs),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(trigger_logs),
         "AIRFLOW__DELTA_OCC__TASK_RETRIES": str(TASK_RETRIES),
         "DELTA_OCC_TEST_ROOT": str(lake),
         "DELTA_OCC_TEST_GATE_JAR": gate_jar(),

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from airflow_delta_occ.spark.connect_server import free_ports
+from airflow_delta_occ.ports import free_ports
 
 pytestmark = pytest.mark.unit
 

@@ -73,8 +73,6 @@ SKIPPED = {
 }
 
 
-DV_DELETE = ("a DELETE with deletion vectors writes only a vector: in a first run (4M-row partitions) its statement "
-             "ended before the other commit could land in it, so it is not replayed")
 WATCH_DECIDED = ("Early abort judges this attempt", "Early abort does not judge", "Early abort is off",
                  "Early abort does not watch", "Early abort stops judging")
 
@@ -278,12 +276,12 @@ def replay(spark: Any, scenario: tuple[Any, ...], base: str, work: Path, sources
     from tests.spark.differential.harness import USER_METADATA_CONF
     from tests.spark.test_differential import EARLY_ABORT_MISSES, OPS, _scenario_id
 
-    a_name, b_name, partitioned, dv, _level, same, recorded = scenario
+    a_name, b_name, partitioned, _dv, _level, same, recorded = scenario
     sid = _scenario_id(scenario)
     out = Outcome(sid, recorded)
-    if a_name in SKIPPED or (a_name == "DELETE" and dv):
+    if a_name in SKIPPED:
         out.replayed = False
-        out.note = SKIPPED.get(a_name, DV_DELETE)
+        out.note = SKIPPED[a_name]
         return out
     b, b_part = OPS[b_name], 1 if same else 2
     tag = uuid.uuid4().hex[:8]
@@ -422,7 +420,8 @@ def render(args: argparse.Namespace, outcomes: list[Outcome], seconds: float) ->
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=8_000_000, help="filler rows per base commit")
-    parser.add_argument("--only", default="", help="replay only scenarios whose id starts with this")
+    parser.add_argument("--only", default="", help="replay only scenarios whose id starts with this (or with one "
+                                                   "of these, separated by commas)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="early_abort_pairs_airflow_"))
@@ -434,7 +433,7 @@ def main() -> None:
     logger = logging.getLogger(WATCH_LOGGER)
     logger.setLevel(logging.INFO)
     logger.addHandler(lines)
-    scenarios = [s for s in SCENARIOS if _scenario_id(s).startswith(args.only)]
+    scenarios = [s for s in SCENARIOS if _scenario_id(s).startswith(tuple(args.only.split(",")))]
     spark = local_delta_session("early-abort-pairs", conf={**gate_session_conf(), "spark.driver.memory": "6g"})
     work = Path(tempfile.mkdtemp(prefix="early_abort_pairs_"))
     outcomes: list[Outcome] = []

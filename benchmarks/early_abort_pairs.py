@@ -34,8 +34,9 @@ is sure to update or insert, and the held run gives delta-spark's verdict for th
 files is skipped by its default policy; here it is retried, as every conflict is, and its retry may find nothing
 left to compact (the log then holds B's commit alone, as in the held run). A scenario whose A is not such a job (a
 schema or property change, an INSERT that reads its own table, an idempotent append sharing another writer's
-application id), or too short to stop (a DELETE with deletion vectors writes only a vector; a first run on 4M-row
-partitions saw it end before the other commit landed), is listed as not replayed, with the reason.
+application id) is listed as not replayed, with the reason. A DELETE on a table with deletion vectors writes only
+vectors, and one of a few rows ended within the watch's interval (measured: it finished its Spark work before the
+cancel reached it); it deletes every row of its partition here, so that its scan takes seconds.
 Any violation fails the run (exit 1) and nothing is written.
 """
 
@@ -139,7 +140,8 @@ def write_source(spark: Any, path: str, rows: list[tuple[int, int, int]] | None,
     return path
 
 
-def operator(a: str, table: str, partitioned: bool, sources: dict[str, str], early: bool, task: str) -> Any:
+def operator(a: str, table: str, partitioned: bool, dv: bool, sources: dict[str, str], early: bool, task: str
+             ) -> Any:
     """A's statement as the provider's operator (A works on p=1), or ``None`` for a kind it does not run."""
     from airflow_delta_occ.operators.delta import (
         DeltaAppendOperator,
@@ -161,6 +163,8 @@ def operator(a: str, table: str, partitioned: bool, sources: dict[str, str], ear
     where_p = None if partitioned else "p = 1"
     if a == "UPDATE":
         return DeltaUpdateOperator(set={"v": "v + 1"}, where=where_p, **common)
+    if a == "DELETE" and dv:   # it writes only vectors: every row of p=1, so that it scans for seconds
+        return DeltaDeleteOperator(where="v >= 0" if partitioned else "p = 1 AND v >= 0", **common)
     if a == "DELETE":
         return DeltaDeleteOperator(where="id = 1" if partitioned else "p = 1 AND id = 1", **common)
     if a in ("MERGE", "MERGE_JOIN"):
@@ -242,8 +246,8 @@ def first_kind(result: dict[str, Any]) -> str | None:
     return str(conflicts[0]["kind"]) if conflicts else None
 
 
-def baseline(spark: Any, a_name: str, b: Any, b_part: int, partitioned: bool, table: str, sources: dict[str, str],
-             tag: str, out: Outcome) -> tuple[list[tuple[Any, ...]], int] | None:
+def baseline(spark: Any, a_name: str, b: Any, b_part: int, partitioned: bool, dv: bool, table: str,
+             sources: dict[str, str], tag: str, out: Outcome) -> tuple[list[tuple[Any, ...]], int] | None:
     """Delta's own verdict on this table: A (its operator, no early abort) held at its commit by the gate while B
     commits, then released, as the differential suite runs it. Sets ``out.delta``; returns the final table and
     the number of commits after the base."""
@@ -251,7 +255,7 @@ def baseline(spark: Any, a_name: str, b: Any, b_part: int, partitioned: bool, ta
 
     base_version = DeltaLog.for_table(table).latest_version()
     gate, done = Gate(f"a-{tag}"), dict[str, Any]()
-    thread = in_thread(done, "a", lambda: execute(operator(a_name, table, partitioned, sources, False, "a"),
+    thread = in_thread(done, "a", lambda: execute(operator(a_name, table, partitioned, dv, sources, False, "a"),
                                                   gate.token))   # the run id carries the token into userMetadata
     try:
         if not gate.wait(thread):
@@ -276,7 +280,7 @@ def replay(spark: Any, scenario: tuple[Any, ...], base: str, work: Path, sources
     from tests.spark.differential.harness import USER_METADATA_CONF
     from tests.spark.test_differential import EARLY_ABORT_MISSES, OPS, _scenario_id
 
-    a_name, b_name, partitioned, _dv, _level, same, recorded = scenario
+    a_name, b_name, partitioned, dv, _level, same, recorded = scenario
     sid = _scenario_id(scenario)
     out = Outcome(sid, recorded)
     if a_name in SKIPPED:
@@ -289,7 +293,7 @@ def replay(spark: Any, scenario: tuple[Any, ...], base: str, work: Path, sources
     # Delta's own verdict and the final table, on a copy: A held at its commit while B commits.
     held = str(work / f"held-{tag}")
     shutil.copytree(base, held)
-    held_run = baseline(spark, a_name, b, b_part, partitioned, held, sources, tag, out)
+    held_run = baseline(spark, a_name, b, b_part, partitioned, dv, held, sources, tag, out)
     shutil.rmtree(held, ignore_errors=True)
     if held_run is None:
         return out
@@ -309,7 +313,7 @@ def replay(spark: Any, scenario: tuple[Any, ...], base: str, work: Path, sources
             return out
         mark = len(lines.lines)
         started = time.monotonic()
-        a_thread = in_thread(done, "a", lambda: execute(operator(a_name, table, partitioned, sources, True, "a"),
+        a_thread = in_thread(done, "a", lambda: execute(operator(a_name, table, partitioned, dv, sources, True, "a"),
                                                          f"race__{tag}"))
         deadline = time.monotonic() + 300
         while not any(line.startswith(WATCH_DECIDED) for _, line in lines.since(mark)):

@@ -28,6 +28,7 @@ from airflow_delta_occ.exceptions import (
     JobKilledAfterCommitError,
     JobKilledError,
     JobSpecError,
+    JobStoppedEarly,
     LeaseError,
     LeaseLostError,
     LeaseStoreError,
@@ -100,6 +101,19 @@ class PreparedJob:
         from airflow_delta_occ.jobs.footprint import footprint_of
 
         return footprint_of(self.spec, self.snapshot)
+
+
+def _stopped_early_note(error: BaseException) -> str:
+    """The lease's release note for a job that ended in ``error``: the early stop of its last attempt, when one is
+    in the error's chain (a conflict skipped or failed by its policy is raised from the attempt's error)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, JobStoppedEarly):
+            return f"stopped early by version {current.version} ({current.operation}): {current.kind.value}"
+        current = current.__cause__ or current.__context__
+    return ""
 
 
 class DeltaBaseOperator(BaseOperator):
@@ -660,7 +674,11 @@ class DeltaBaseOperator(BaseOperator):
             # Released as soon as Spark is done (committed or not): confirming the commit reads the log
             # and needs no lease, and the next writer's Spark work should not wait for it.
             with holding.holding(store, lease, pool.heartbeat, self.log):
-                ran = self._run_in_spark(prepared)
+                try:
+                    ran = self._run_in_spark(prepared)
+                except BaseException as exc:   # skipped, or failed once its attempts ran out: say so in the audit too
+                    lease.release_note = _stopped_early_note(exc)
+                    raise
                 lease.release_note = "; ".join(
                     f"attempt {c.attempt} stopped early by version {c.winning_version} ({c.winning_operation}): "
                     f"{c.kind.value}" for c in ran.conflicts if c.early)

@@ -273,6 +273,31 @@ def test_the_lease_is_released_when_the_job_fails(pools: Path, sales_log: tuple[
     assert store.records() == [] and store.history()[-1].kind is AuditKind.RELEASE
 
 
+def test_an_early_stop_is_in_the_audit_when_the_job_ends_in_an_error(pools: Path, sales_log: tuple[str, Snapshot],
+                                                                     store: SqlLeaseStore, spark: _Spark) -> None:
+    """A compaction stopped early is skipped by its default policy (its files are gone), and any job may fail once
+    its attempts run out: the lease's release line still names the commit that stopped it."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from airflow_delta_occ.engine.errors import ConflictKind
+    from airflow_delta_occ.exceptions import JobStoppedEarly
+    from airflow_delta_occ.retry.classify import conflict_failure, conflict_skipped
+
+    stopped = JobStoppedEarly("ConcurrentDeleteReadException foreseen", kind=ConflictKind.DELETE_READ, version=7,
+                              operation="DELETE")
+    failed = conflict_failure(ConflictKind.DELETE_READ, 5, stopped)
+    for ending, raised in ((conflict_skipped(ConflictKind.DELETE_READ), AirflowSkipException),
+                           (failed, type(failed))):
+        ending.__cause__ = stopped   # as the retry policy raises it: from the last attempt's error
+        spark.transport = MemoryTransport([ending])
+        with spark.transport.registered("memory"), pytest.raises(raised):
+            _leased_update(sales_log[0]).execute(_context())
+        release = store.history()[-1]
+        assert release.kind is AuditKind.RELEASE
+        assert release.detail.endswith("; stopped early by version 7 (DELETE): ConcurrentDeleteReadException"), \
+            release.detail
+
+
 # -- deferrable=False: the wait stays in the worker -------------------------------------------------
 def test_bad_lease_poll_interval_fails_at_parse_time(pools: Path) -> None:
     for bad in (0, -1, float("nan"), "1", True):

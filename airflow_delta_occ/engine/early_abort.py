@@ -132,9 +132,8 @@ def running_commit(snapshot: Snapshot, operation: Operation | str, predicate: st
     ``reads_whole_table`` mean what they mean to ``planner.plan_footprint``. On a table whose commits do not
     show at once (``commits_show_at_once``) the job counts as not certain to commit: never doomed.
 
-    A compaction (OPTIMIZE) commits and reads what its bin packing is certain of under ``compaction`` (the
-    session's settings, ``compaction.surely_compacted``), whatever ``commits`` says; without settings it counts
-    as not certain to commit.
+    A compaction (OPTIMIZE) reads, and commits, what its bin packing is certain of under ``compaction`` (the
+    session's settings, ``compaction.surely_compacted``); without settings it counts as not certain to commit.
     """
     commits = commits and commits_show_at_once(snapshot)
     op = Operation(operation)
@@ -147,7 +146,7 @@ def running_commit(snapshot: Snapshot, operation: Operation | str, predicate: st
                              read_predicate=read, read_whole_table=False,
                              certain_reads=MappingProxyType({f.path: f.partition_values for f in plan.files}
                                                             if plan is not None else {}),
-                             commits=commits_show_at_once(snapshot) and plan is not None and plan.commits,
+                             commits=commits and plan is not None and plan.commits,
                              rewrites=plan.keys if plan is not None else frozenset())
     reads: dict[str, Mapping[str, str | None]] = {}
     if read is not None and op in _FILTER_READS:

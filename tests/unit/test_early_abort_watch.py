@@ -9,6 +9,7 @@ import json
 import threading
 import time
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -499,3 +500,27 @@ def test_the_row_query_quotes_hostile_names_and_never_reaches_spark_with_substit
     with pytest.raises(StatementTextError):   # ... and the last check before Spark again
         run_sql(Session(), text.replace("'DE OR 1=1'", "'${spark.app.name}'"))
     assert seen == []
+
+
+def test_an_optimizes_settings_are_the_sessions_own_or_delta_sparks_defaults() -> None:
+    """``conf.get(key, None)``: the session's own value (a cluster default included) or ``None`` (measured on
+    delta-spark 4.4: ``get(key)`` raises before delta-spark has registered the setting); a read that fails raises,
+    so the watch is off rather than guessing a size."""
+    from airflow_delta_occ.engine.compaction import MIN_FILE_SIZE_CONF, CompactionSettings
+    from airflow_delta_occ.spark.early_abort import compaction_settings
+
+    class Conf:
+        def __init__(self, values: dict[str, str], fail: bool = False) -> None:
+            self.values, self.fail, self.asked = values, fail, []
+
+        def get(self, key: str, default: Any = "no default given") -> Any:
+            self.asked.append((key, default))
+            if self.fail:
+                raise RuntimeError("the Spark Connect server is gone")
+            return self.values.get(key, default)
+
+    conf = Conf({MIN_FILE_SIZE_CONF: "1048576"})
+    assert compaction_settings(SimpleNamespace(conf=conf)) == CompactionSettings(min_file_size=1048576)
+    assert all(default is None for _, default in conf.asked)
+    with pytest.raises(RuntimeError):
+        compaction_settings(SimpleNamespace(conf=Conf({}, fail=True)))

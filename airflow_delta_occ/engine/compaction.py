@@ -15,8 +15,9 @@ rewrites fails it. Which files it rewrites is its bin packing (delta-spark 4.4,
 This module answers only where that answer cannot depend on what the log does not say:
 
 * a partition's files are grouped by their partition values as written (the finest grouping delta-spark can
-  use); the bin bound is checked over a coarser grouping (typed values, timestamps left out, since delta-spark
-  may merge partitions written differently, in the session's time zone), so a partition whose candidates may
+  use); the bin bound is checked over a coarser grouping (typed values, timestamp and FLOAT columns left out,
+  since delta-spark may merge partitions written differently: in the session's time zone, at 32 bits), so a
+  partition whose candidates may
   exceed ``maxFileSize`` is never counted: its bins, and which of them hold one file, depend on sizes sorted
   against files it may merge with;
 * a compaction file is certain only when it is smaller than ``minFileSize``; one selected for its deleted rows
@@ -48,7 +49,7 @@ BATCH_SIZE_CONF = "spark.databricks.delta.optimize.batchSize"
 CLUSTERING_FEATURE = "clustering"
 
 _GIB = 1024 * 1024 * 1024
-_TIME_TYPES = frozenset({"timestamp", "timestamp_ntz"})
+_LEFT_OUT_TYPES = frozenset({"timestamp", "timestamp_ntz", "float"})   # grouped by delta-spark otherwise than here
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,8 @@ def surely_compacted(snapshot: Snapshot, read_predicate: Expr | None, settings: 
         return CompactionPlan(why_not="the table is clustered (liquid clustering picks files otherwise)")
     if settings.batched:
         return CompactionPlan(why_not=f"{BATCH_SIZE_CONF} is set (one commit per batch)")
+    if zorder and settings.max_file_size == 0:   # delta-spark divides by it when it Z-orders: the job fails
+        return CompactionPlan(why_not=f"{MAX_FILE_SIZE_CONF} is 0")
     schema = PartitionSchema.of(snapshot.metadata)
     predicate = read_predicate if read_predicate is not None else TRUE
     certain: dict[tuple[str | None, ...], list[AddFile]] = defaultdict(list)   # by partition values as written
@@ -152,10 +155,12 @@ def surely_compacted(snapshot: Snapshot, read_predicate: Expr | None, settings: 
 
 def _coarse_key(schema: PartitionSchema, typed: Mapping[str, object]) -> tuple[object, ...]:
     """A grouping of partitions no finer than delta-spark's: typed values (NULL and ``""`` alike, every NaN one
-    value, ``-0.0`` as ``0.0``), time columns left out (their values are normalised in the session's zone)."""
+    value, ``-0.0`` as ``0.0``), with time columns left out (their values are normalised in the session's zone)
+    and FLOAT ones too (delta-spark casts to 32 bits: ``0.1`` and ``0.10000000149011612`` are one partition
+    there, two doubles here)."""
     key: list[object] = []
     for name, _, data_type in schema.fields:
-        if isinstance(data_type, PrimitiveType) and data_type.name in _TIME_TYPES:
+        if isinstance(data_type, PrimitiveType) and data_type.name in _LEFT_OUT_TYPES:
             continue
         value = typed.get(name)
         if isinstance(value, float):

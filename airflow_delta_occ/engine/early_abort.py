@@ -27,8 +27,10 @@ the job is certain to make, and only says "doomed" when even that one fails:
   is still in the table (``OptimizeExecutor.commitAndRetry``), so a winning metadata change or append never
   fails it. Its certain reads are the files its bin packing is certain to rewrite (``compaction``), and it is
   doomed only once one of them is gone from the table (removed, or given a new deletion vector) by a winner
-  that also fails its first attempt; Delta then raises that attempt's exception. Only a later commit that
-  puts back the very file (a RESTORE) could still let it commit: early abort does not wait for one.
+  that also fails its first attempt; Delta then raises that attempt's exception, which names the first winner
+  that failed it. A file removed and put back in the same commit is still there. A later commit that puts back
+  the very file (a RESTORE) would still let it commit; the verdict cannot wait for one, so early abort watches a
+  compaction only when its task asks (``spark.early_abort``).
 * **Which commits won.** Those after the version the job's transaction read. The caller must know that
   version exactly (``RunningCommit.read_version``): a commit that landed before the job's transaction
   read the log is in its snapshot, not a winner, and judging it would abort a job that commits.
@@ -184,8 +186,7 @@ class CommitJudge:
             read_files=running.certain_reads, read_whole_table=running.read_whole_table,
         )
         self.found: CertainConflict | None = None
-        self._first_failure: DeltaConcurrentModificationException | None = None   # a compaction's first attempt
-        self._gone: set[FileKey] = set()   # files a compaction rewrites that the winners took out of the table
+        self._first_failure: CertainConflict | None = None   # what fails a compaction's first attempt
 
     def judge(self, commit: Commit) -> CertainConflict | None:
         """The verdict once ``commit`` (the next winner) is in: the first certain conflict so far, or ``None``:
@@ -205,18 +206,18 @@ class CommitJudge:
 
     def _judge_compaction(self, version: int, whole: WinningCommit, winner: WinningCommit) -> CertainConflict | None:
         """A compaction's first commit attempt fails as any job's does; it is doomed once that attempt fails and a
-        file it rewrites is no longer in the table (its retry then gives up with that attempt's exception). A file
-        removed and put back (same path and deletion vector, in this commit or a later one) is in the table again."""
+        file it rewrites is no longer in the table (its retry then gives up, raising that attempt's exception: the
+        first winner that failed it is the one named). A file removed and put back in the same commit (same path
+        and deletion vector) is still in the table."""
         if self._first_failure is None:
             try:
                 self._pending = check_winning_commit(self._pending, winner, self._level)
             except DeltaConcurrentModificationException as exc:
-                self._first_failure = exc
+                self._first_failure = CertainConflict(version=version, operation=winner.operation, exception=exc)
         rewrites = self.running.rewrites
-        self._gone.update(r.key for r in whole.removed if r.key in rewrites)
-        self._gone.difference_update(a.key for a in whole.added)
-        if self._first_failure is not None and self._gone:
-            self.found = CertainConflict(version=version, operation=winner.operation, exception=self._first_failure)
+        gone = {r.key for r in whole.removed if r.key in rewrites} - {a.key for a in whole.added}
+        if self._first_failure is not None and gone:
+            self.found = self._first_failure
         return self.found
 
 

@@ -22,6 +22,7 @@ from airflow_delta_occ.exceptions import (
     ConflictSkipped,
     DeltaJobError,
     JobSpecError,
+    JobStoppedEarly,
     MissingPartitionConstraintError,
     PartitionSpecError,
     SessionSettingError,
@@ -178,6 +179,11 @@ class JobResult:
             raise DeltaJobError(f"not a valid job result: {exc}") from exc
 
     # -- the one decoding of a status into the provider's exception --------------------------------
+    def _last_stopped_early(self) -> JobStoppedEarly | None:
+        """The early stop of the attempt that ended the job, rebuilt as the runner raised it (a skipped or failed
+        conflict is raised from it, so whoever reports the failure can name the commit that stopped it)."""
+        return _stopped_early_of(self.conflicts[-1]) if self.conflicts else None
+
     def raise_for_status(self) -> JobResult:
         """Return the result when the job succeeded; raise its typed exception otherwise.
 
@@ -190,14 +196,21 @@ class JobResult:
         if self.status is JobStatus.SUCCESS:
             return self
         if self.status is JobStatus.SKIPPED:
-            raise ConflictSkipped(message, kind=self.conflict)
+            raise ConflictSkipped(message, kind=self.conflict) from self._last_stopped_early()
         if self.status is JobStatus.CONFLICT:
             assert self.conflict is not None  # __post_init__
-            raise ConflictFailure(message, kind=self.conflict, attempts=self.attempts)
+            raise ConflictFailure(message, kind=self.conflict, attempts=self.attempts) from self._last_stopped_early()
         if self.status is JobStatus.REJECTED:
             build = REFUSALS.get(self.error_type or "")
             raise build(message, self) if build else JobSpecError(f"{self.error_type}: {message}")
         raise DeltaJobError(f"the Spark job failed: {message}")
+
+
+def _stopped_early_of(record: ConflictRecord) -> JobStoppedEarly | None:
+    if not record.early or record.winning_version is None:
+        return None
+    return JobStoppedEarly(record.message, kind=record.kind, version=record.winning_version,
+                           operation=record.winning_operation)
 
 
 def _by_message(cls: type[Exception]) -> Callable[[str, JobResult], Exception]:

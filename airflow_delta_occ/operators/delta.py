@@ -60,6 +60,7 @@ from airflow_delta_occ.jobs.build import (
     build_spec,
 )
 from airflow_delta_occ.jobs.checks import check_clauses, check_one_source, check_sql_text, sql_file, templated
+from airflow_delta_occ.jobs.operations import JobOperation
 from airflow_delta_occ.jobs.partitions import parse_expression, partitions_mapping
 from airflow_delta_occ.jobs.refusal import point_into_arguments
 from airflow_delta_occ.jobs.result import JobLease, JobResult
@@ -417,10 +418,17 @@ class DeltaBaseOperator(BaseOperator):
 
     def _table_watch(self, prepared: PreparedJob) -> TableWatch | None:
         """How the job reads its table's log while it runs, when early abort is on for this task (its
-        ``early_abort=``, else ``[delta_occ] early_abort``)."""
+        ``early_abort=``, else ``[delta_occ] early_abort``; an OPTIMIZE only with ``early_abort=True``: a
+        later commit that puts back a file it rewrites would let delta-spark's retry commit it after all, so its
+        verdict is not as sure as Delta's own check, and the default does not stop it)."""
         from airflow_delta_occ.engine import DeltaLog
         from airflow_delta_occ.spark.early_abort import TableWatch
 
+        if prepared.spec.operation is JobOperation.OPTIMIZE and self.early_abort is None:
+            if config.early_abort():
+                self.log.info("Early abort does not watch this optimize: a compaction is watched only when its task "
+                              "asks (early_abort=True)")
+            return None
         if not (self.early_abort if self.early_abort is not None else config.early_abort()):
             return None
         interval = self.early_abort_interval if self.early_abort_interval is not None else config.early_abort_interval()

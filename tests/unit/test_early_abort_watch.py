@@ -524,3 +524,31 @@ def test_an_optimizes_settings_are_the_sessions_own_or_delta_sparks_defaults() -
     assert all(default is None for _, default in conf.asked)
     with pytest.raises(RuntimeError):
         compaction_settings(SimpleNamespace(conf=Conf({}, fail=True)))
+
+
+def test_an_optimize_is_watched_only_when_its_task_asks(monkeypatch):
+    """A later commit that puts back a file a compaction rewrites (a RESTORE) would let delta-spark's retry commit
+    it after all: its verdict is not as sure as Delta's own check, so the default (on) does not watch it."""
+    from airflow_delta_occ.jobs.operations import JobOperation
+    from airflow_delta_occ.operators.delta import DeltaOptimizeOperator, DeltaUpdateOperator
+
+    monkeypatch.setenv("AIRFLOW_CONN_DELTA_OCC_DEFAULT", json.dumps({"conn_type": "delta_occ",
+                                                                     "extra": {"mode": "embedded"}}))
+    monkeypatch.delenv("AIRFLOW__DELTA_OCC__EARLY_ABORT", raising=False)
+
+    def prepared(operation: JobOperation) -> SimpleNamespace:
+        return SimpleNamespace(spec=SimpleNamespace(operation=operation), location="/t")
+
+    import structlog.testing
+
+    optimize = DeltaOptimizeOperator(task_id="o", table="/t")
+    with structlog.testing.capture_logs() as lines:
+        assert optimize._table_watch(prepared(JobOperation.OPTIMIZE)) is None
+    assert any("watched only when its task asks (early_abort=True)" in str(e["event"]) for e in lines), lines
+    asked = DeltaOptimizeOperator(task_id="o", table="/t", early_abort=True, early_abort_interval=0.5)
+    watch = asked._table_watch(prepared(JobOperation.OPTIMIZE))
+    assert watch is not None and watch.interval == 0.5
+    update = DeltaUpdateOperator(task_id="u", table="/t", set={"v": "1"})
+    assert update._table_watch(prepared(JobOperation.UPDATE)) is not None   # the others: on by default
+    assert DeltaOptimizeOperator(task_id="o", table="/t", early_abort=False)._table_watch(
+        prepared(JobOperation.OPTIMIZE)) is None

@@ -276,20 +276,26 @@ def test_the_lease_is_released_when_the_job_fails(pools: Path, sales_log: tuple[
 def test_an_early_stop_is_in_the_audit_when_the_job_ends_in_an_error(pools: Path, sales_log: tuple[str, Snapshot],
                                                                      store: SqlLeaseStore, spark: _Spark) -> None:
     """A compaction stopped early is skipped by its default policy (its files are gone), and any job may fail once
-    its attempts run out: the lease's release line still names the commit that stopped it."""
+    its attempts run out: the lease's release line still names the commit that stopped it. The runner reports
+    such an ending as a result (its status and conflicts, across the process or JSON boundary), which the hook
+    turns back into the exception."""
     from airflow.sdk.exceptions import AirflowSkipException
 
     from airflow_delta_occ.engine.errors import ConflictKind
-    from airflow_delta_occ.exceptions import JobStoppedEarly
-    from airflow_delta_occ.retry.classify import conflict_failure, conflict_skipped
+    from airflow_delta_occ.exceptions import ConflictFailure
+    from airflow_delta_occ.jobs.result import JobStatus
+    from airflow_delta_occ.retry.policy import ConflictRecord
 
-    stopped = JobStoppedEarly("ConcurrentDeleteReadException foreseen", kind=ConflictKind.DELETE_READ, version=7,
-                              operation="DELETE")
-    failed = conflict_failure(ConflictKind.DELETE_READ, 5, stopped)
-    for ending, raised in ((conflict_skipped(ConflictKind.DELETE_READ), AirflowSkipException),
-                           (failed, type(failed))):
-        ending.__cause__ = stopped   # as the retry policy raises it: from the last attempt's error
-        spark.transport = MemoryTransport([ending])
+    def ended(status: JobStatus, action: str) -> JobResult:
+        early = ConflictRecord(1, ConflictKind.DELETE_READ, "ConcurrentDeleteReadException foreseen", action,
+                               winning_version=7, early=True, winning_operation="DELETE")
+        result = MemoryTransport.success(status=status, conflict=ConflictKind.DELETE_READ, attempts=1,
+                                         conflicts=(early,), error="ConcurrentDeleteReadException: ...")
+        return JobResult.from_json(result.to_json())   # as a spark-submit driver's result arrives
+
+    for result, raised in ((ended(JobStatus.SKIPPED, "skip"), AirflowSkipException),
+                           (ended(JobStatus.CONFLICT, "gave up"), ConflictFailure)):
+        spark.transport = MemoryTransport([result])
         with spark.transport.registered("memory"), pytest.raises(raised):
             _leased_update(sales_log[0]).execute(_context())
         release = store.history()[-1]

@@ -38,6 +38,17 @@ def _table(tmp_path, *files, partitioned=True, features=None):
     return b
 
 
+def _partitioned_by(tmp_path, column, data_type, *files):
+    """A table partitioned by one extra ``column`` of ``data_type``, with ``files`` as (path, value as written,
+    size), each holding rows."""
+    schema = {**SCHEMA, "fields": [*SCHEMA["fields"], {"name": column, "type": data_type, "nullable": True,
+                                                       "metadata": {}}]}
+    b = LogBuilder(tmp_path / "t")
+    b.commit(commit_info("CREATE TABLE"), protocol(), metadata(partition_columns=(column,), schema=schema))
+    b.commit(commit_info(), *(add(path, {column: value}, stats=ROWS, size=size) for path, value, size in files))
+    return b
+
+
 def _plan(b, predicate=None, settings=SMALL, *, zorder=False, version=1):
     snapshot = DeltaLog.for_table(b.root).snapshot(version)
     bound = snapshot.bind(predicate) if predicate is not None else None
@@ -98,12 +109,7 @@ def test_zorder_rewrites_every_file_of_the_partitions_it_selects(tmp_path):
 def test_partitions_written_differently_are_bounded_together(tmp_path):
     """delta-spark may group partition values that are equal once typed ('01' and '1'): their candidates count
     towards one bound. Two files written '1' are certain only while the group fits one bin."""
-    schema = {**SCHEMA, "fields": [*SCHEMA["fields"], {"name": "n", "type": "integer", "nullable": True,
-                                                       "metadata": {}}]}
-    b = LogBuilder(tmp_path / "t")
-    b.commit(commit_info("CREATE TABLE"), protocol(), metadata(partition_columns=("n",), schema=schema))
-    b.commit(commit_info(), add("a", {"n": "1"}, stats=ROWS, size=400), add("b", {"n": "1"}, stats=ROWS, size=400),
-             add("c", {"n": "01"}, stats=ROWS, size=400))
+    b = _partitioned_by(tmp_path, "n", "integer", ("a", "1", 400), ("b", "1", 400), ("c", "01", 400))
     assert _plan(b).files == ()   # 1200 > 1000 once '01' joins '1'
     assert _paths(_plan(b, settings=CompactionSettings(min_file_size=1000, max_file_size=1200))) == ["a", "b"]
 
@@ -200,12 +206,8 @@ def test_float_partitions_delta_spark_may_group_are_bounded_together(tmp_path):
     """delta-spark casts FLOAT partition values to 32 bits: '0.1' and '0.10000000149011612' are one partition
     there. Bounded apart, two 400-byte files of '0.1' would look like one bin; with the third they need two, and
     sorted by size one of them may sit alone (dropped, never rewritten)."""
-    schema = {**SCHEMA, "fields": [*SCHEMA["fields"], {"name": "f", "type": "float", "nullable": True,
-                                                       "metadata": {}}]}
-    b = LogBuilder(tmp_path / "t")
-    b.commit(commit_info("CREATE TABLE"), protocol(), metadata(partition_columns=("f",), schema=schema))
-    b.commit(commit_info(), add("a", {"f": "0.1"}, stats=ROWS, size=400), add("b", {"f": "0.1"}, stats=ROWS, size=400),
-             add("c", {"f": "0.10000000149011612"}, stats=ROWS, size=300))
+    b = _partitioned_by(tmp_path, "f", "float", ("a", "0.1", 400), ("b", "0.1", 400),
+                        ("c", "0.10000000149011612", 300))
     assert _plan(b).files == ()
     assert _paths(_plan(b, settings=CompactionSettings(min_file_size=1000, max_file_size=1100))) == ["a", "b"]
 

@@ -86,6 +86,7 @@ class RunningCommit:
     certain_reads: Mapping[str, Mapping[str, str | None]]
     commits: bool
     rewrites: frozenset[FileKey] = frozenset()   # a compaction's certain files: only their loss fails it
+    uncertain: str = ""   # a compaction's: why no file is certain (for the task log)
 
     @property
     def read_version(self) -> int:
@@ -149,7 +150,8 @@ def running_commit(snapshot: Snapshot, operation: Operation | str, predicate: st
                              certain_reads=MappingProxyType({f.path: f.partition_values for f in plan.files}
                                                             if plan is not None else {}),
                              commits=commits and plan is not None and plan.commits,
-                             rewrites=plan.keys if plan is not None else frozenset())
+                             rewrites=plan.keys if plan is not None else frozenset(),
+                             uncertain=plan.why_not if plan is not None else "no compaction settings")
     reads: dict[str, Mapping[str, str | None]] = {}
     if read is not None and op in _FILTER_READS:
         if reads_whole_table:

@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from airflow_delta_occ.engine.compaction import CompactionSettings, surely_compacted
+from airflow_delta_occ.engine.compaction import CompactionSettings
 from airflow_delta_occ.engine.early_abort import CertainConflict, CommitJudge, RunningCommit, commits_show_at_once
 from airflow_delta_occ.engine.expressions import TRUE
 from airflow_delta_occ.engine.snapshot import Commit, DeltaLog, Snapshot
@@ -418,10 +418,9 @@ class EarlyAbort:
             compaction = compaction_settings(session)
         running = running_commit_of(self.spec, snapshot, commits=True, compaction=compaction)
         if compaction is not None and not running.commits:
-            plan = surely_compacted(snapshot, running.read_predicate, compaction, zorder=bool(self.spec.zorder_by))
             log.info("Early abort does not watch this optimize: %s at version %d, so it may commit nothing, and such a "
-                     "commit is left to Delta's own check", plan.why_not or "the files it surely rewrites hold no row "
-                     "known from the log's statistics", snapshot.version)
+                     "commit is left to Delta's own check", running.uncertain or "the files it surely rewrites hold "
+                     "no row known from the log's statistics", snapshot.version)
             return None, None
         if compaction is not None:
             log.info("Early abort watches this optimize: it surely rewrites %d file(s) at version %d; a commit that "

@@ -190,6 +190,9 @@ def test_without_settings_or_certain_files_an_optimize_is_never_doomed(tmp_path)
     log = DeltaLog.for_table(b.root)
     running = running_commit(log.snapshot(1), Operation.OPTIMIZE, "country = 'DE'", commits=True)
     assert not running.commits and certain_conflict(running, log.commits_after(1)) is None
+    assert running.uncertain == "no compaction settings"   # what the task log says instead
+    lone = running_commit(log.snapshot(1), Operation.OPTIMIZE, "country = 'FR'", commits=True, compaction=SMALL)
+    assert not lone.commits and "no partition has two small files" in lone.uncertain
     assert _judge(b, settings=CompactionSettings(min_file_size=50, max_file_size=1000)) is None   # no small file
     assert _judge(b, "country = 'FR'") is None   # one file: no bin
 
